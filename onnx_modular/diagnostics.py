@@ -1,0 +1,249 @@
+"""Diagnostics: what a pass found, where, and how serious it is.
+
+Every pass runs inside a :class:`DiagnosticContext`. A diagnostic records the
+rule it follows, a level, a message and a location (module path, FX node and the
+source line taken from the node's stack trace). A run keeps every diagnostic;
+they print readably and export as SARIF 2.1.0 so that IDEs and CI can show them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
+TOOL_NAME = "onnx_modular"
+
+
+class Level(str, enum.Enum):
+    """Severity, named as SARIF names it."""
+
+    ERROR = "error"
+    WARNING = "warning"
+    NOTE = "note"
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """A kind of finding; ``message_template`` is formatted with keyword arguments."""
+
+    id: str
+    name: str
+    message_template: str
+
+    def format(self, **kwargs: Any) -> str:
+        return self.message_template.format(**kwargs)
+
+    def to_sarif(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "messageStrings": {"default": {"text": self.message_template}},
+        }
+
+
+_STACK_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
+
+
+@dataclasses.dataclass(frozen=True)
+class Location:
+    """Where a finding is: any of module path, FX node, source file and line."""
+
+    module_path: str | None = None
+    fx_node: str | None = None
+    source_file: str | None = None
+    source_line: int | None = None
+
+    @classmethod
+    def of_node(cls, node: Any, module_path: str | None = None) -> Location:
+        """The location of an FX node; the source line is the innermost user frame."""
+        file, line = None, None
+        trace = node.meta.get("stack_trace") if hasattr(node, "meta") else None
+        if trace:
+            frames = _STACK_LINE.findall(trace)
+            user = [f for f in frames if "/site-packages/torch/" not in f[0]]
+            if user or frames:
+                file, line = (user or frames)[-1]
+        return cls(module_path, getattr(node, "name", None), file, int(line) if line else None)
+
+    def __str__(self) -> str:
+        parts = []
+        if self.module_path is not None:
+            parts.append(f"module '{self.module_path or '<root>'}'")
+        if self.fx_node:
+            parts.append(f"node '{self.fx_node}'")
+        if self.source_file:
+            parts.append(f"{self.source_file}:{self.source_line}")
+        return ", ".join(parts)
+
+    def to_sarif(self) -> dict[str, Any]:
+        loc: dict[str, Any] = {}
+        if self.source_file:
+            region = {"startLine": self.source_line} if self.source_line else {}
+            loc["physicalLocation"] = {
+                "artifactLocation": {"uri": self.source_file},
+                **({"region": region} if region else {}),
+            }
+        logical = []
+        if self.module_path is not None:
+            logical.append({"fullyQualifiedName": self.module_path or "<root>", "kind": "module"})
+        if self.fx_node:
+            logical.append({"name": self.fx_node, "kind": "fx_node"})
+        if logical:
+            loc["logicalLocations"] = logical
+        return loc
+
+
+@dataclasses.dataclass
+class Diagnostic:
+    rule: Rule
+    level: Level
+    message: str
+    location: Location = dataclasses.field(default_factory=Location)
+    detail: str | None = None
+
+    def __str__(self) -> str:
+        where = f" [{self.location}]" if str(self.location) else ""
+        return f"{self.level.value}: {self.rule.id} {self.rule.name}: {self.message}{where}"
+
+    def to_sarif(self) -> dict[str, Any]:
+        result: dict[str, Any] = {
+            "ruleId": self.rule.id,
+            "level": self.level.value,
+            "message": {"text": self.message},
+            "locations": [self.location.to_sarif()],
+        }
+        if self.detail:
+            result["properties"] = {"detail": self.detail}
+        return result
+
+
+class OnnxModularError(Exception):
+    """A user-facing failure: one line naming the rule and the location."""
+
+    def __init__(self, diagnostic: Diagnostic) -> None:
+        self.diagnostic = diagnostic
+        super().__init__(str(diagnostic))
+
+
+# ---- the rules -------------------------------------------------------------------------------
+
+def _rule(id_: str, name: str, template: str) -> Rule:
+    return Rule(id_, name, template)
+
+
+class rules:  # noqa: N801 - a namespace, read as ``rules.X``
+    """Every rule the package reports, in one place."""
+
+    PASS_FAILED = _rule("OM0001", "pass-failed", "Pass {pass_name} failed: {reason}")
+    PRECONDITION = _rule("OM0002", "precondition-failed", "Pass {pass_name} requires: {reason}")
+    POSTCONDITION = _rule("OM0003", "postcondition-failed", "Pass {pass_name} ensures: {reason}")
+    GRAPH_SNAPSHOT = _rule("OM0004", "graph-snapshot", "Graph {when} pass {pass_name}")
+    MISSING_MODULE_STACK = _rule(
+        "OM0101", "missing-module-stack",
+        "{count} node(s) carry no nn_module_stack and stay in their parent: {nodes}")
+    MODULE_CALL_SPLIT = _rule(
+        "OM0102", "module-call-split",
+        "Module call '{module}' is interleaved with nodes it depends on and was split in {pieces}")
+    MUTATION_REFUSED = _rule(
+        "OM0103", "unsupported-mutation", "{reason}")
+    UNSUPPORTED_INPUT = _rule("OM0104", "unsupported-input", "{reason}")
+    EXPORT_FAILED = _rule("OM0201", "export-failed", "{reason}")
+    TRANSLATION = _rule("OM0202", "translation", "{reason}")
+    FUNCTION_SUMMARY = _rule(
+        "OM0203", "functions", "{functions} function(s) for {calls} module call(s)")
+    UNOUTLINED = _rule("OM0204", "not-outlined", "{reason}")
+    SUPPORT_PREVIEW = _rule("OM0301", "support-preview", "{reason}")
+    SPLIT_PREVIEW = _rule("OM0302", "split-preview", "{reason}")
+    SPLIT_LIMIT = _rule("OM0303", "split-limit", "{reason}")
+    SPLIT_POINT = _rule("OM0304", "split-point", "{reason}")
+    VALIDATION = _rule("OM0401", "validation", "{reason}")
+    BAD_INPUT = _rule("OM0501", "bad-input", "{reason}")
+
+    @classmethod
+    def all(cls) -> list[Rule]:
+        return [v for v in vars(cls).values() if isinstance(v, Rule)]
+
+
+# ---- contexts ---------------------------------------------------------------------------------
+
+class DiagnosticContext:
+    """Collects the diagnostics of one run; passes open nested scopes with :meth:`scope`."""
+
+    def __init__(self, verbose: bool = False) -> None:
+        self.verbose = verbose
+        self.diagnostics: list[Diagnostic] = []
+        self._scopes: list[str] = []
+
+    @contextlib.contextmanager
+    def scope(self, name: str) -> Iterator[DiagnosticContext]:
+        self._scopes.append(name)
+        try:
+            yield self
+        finally:
+            self._scopes.pop()
+
+    @property
+    def current_scope(self) -> str | None:
+        return self._scopes[-1] if self._scopes else None
+
+    def log(self, rule: Rule, level: Level, location: Location | None = None,
+            detail: str | None = None, **fmt: Any) -> Diagnostic:
+        diag = Diagnostic(rule, level, rule.format(**fmt), location or Location(), detail)
+        self.diagnostics.append(diag)
+        return diag
+
+    def note(self, rule: Rule, location: Location | None = None, **fmt: Any) -> Diagnostic:
+        return self.log(rule, Level.NOTE, location, **fmt)
+
+    def warn(self, rule: Rule, location: Location | None = None, **fmt: Any) -> Diagnostic:
+        return self.log(rule, Level.WARNING, location, **fmt)
+
+    def error(self, rule: Rule, location: Location | None = None, **fmt: Any) -> OnnxModularError:
+        """Record an error and return the exception to raise (``raise ctx.error(...)``)."""
+        return OnnxModularError(self.log(rule, Level.ERROR, location, **fmt))
+
+    def extend(self, diagnostics: list[Diagnostic]) -> None:
+        self.diagnostics.extend(diagnostics)
+
+    def of_level(self, level: Level) -> list[Diagnostic]:
+        return [d for d in self.diagnostics if d.level == level]
+
+    def to_sarif(self) -> dict[str, Any]:
+        return to_sarif(self.diagnostics)
+
+    def __str__(self) -> str:
+        return "\n".join(str(d) for d in self.diagnostics)
+
+
+def to_sarif(diagnostics: list[Diagnostic]) -> dict[str, Any]:
+    """A SARIF 2.1.0 log with one run; rules are the ones the diagnostics used."""
+    from onnx_modular import __version__
+
+    used: dict[str, Rule] = {}
+    for d in diagnostics:
+        used.setdefault(d.rule.id, d.rule)
+    return {
+        "$schema": SARIF_SCHEMA,
+        "version": "2.1.0",
+        "runs": [{
+            "tool": {"driver": {
+                "name": TOOL_NAME,
+                "version": __version__,
+                "informationUri": "https://github.com/onnx-modular/onnx_modular",
+                "rules": [r.to_sarif() for r in sorted(used.values(), key=lambda r: r.id)],
+            }},
+            "results": [d.to_sarif() for d in diagnostics],
+        }],
+    }
+
+
+def write_sarif(diagnostics: list[Diagnostic], path: str) -> None:
+    from onnx_modular._io import atomic_write_text
+
+    atomic_write_text(path, json.dumps(to_sarif(diagnostics), indent=2))

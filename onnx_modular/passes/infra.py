@@ -1,0 +1,92 @@
+"""A small FX pass framework: explicit pre/post-conditions, a result, a manager.
+
+Each pass runs inside a scope of a :class:`DiagnosticContext`; a failure inside a
+pass becomes an :class:`OnnxModularError` that names the rule, the pass and, where
+the pass knows it, the module path / FX node / source line.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Sequence
+
+import torch.fx
+
+from onnx_modular.diagnostics import (
+    DiagnosticContext,
+    Level,
+    OnnxModularError,
+    rules,
+)
+
+
+class PassConditionError(Exception):
+    """Raised by ``requires`` / ``ensures`` with a one-line reason."""
+
+
+@dataclasses.dataclass
+class PassResult:
+    graph_module: torch.fx.GraphModule
+    modified: bool
+
+
+class PassBase(abc.ABC):
+    """Subclasses implement :meth:`call`; :meth:`requires` and :meth:`ensures` guard it."""
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    def requires(self, graph_module: torch.fx.GraphModule) -> None:  # noqa: B027 - optional hook
+        """Raise :class:`PassConditionError` when the input is not fit for this pass."""
+
+    def ensures(self, graph_module: torch.fx.GraphModule) -> None:  # noqa: B027 - optional hook
+        """Raise :class:`PassConditionError` when the output breaks this pass's promise."""
+
+    @abc.abstractmethod
+    def call(self, graph_module: torch.fx.GraphModule, ctx: DiagnosticContext) -> PassResult:
+        """Run the pass; report findings to ``ctx``."""
+
+    def __call__(self, graph_module: torch.fx.GraphModule,
+                 ctx: DiagnosticContext | None = None) -> PassResult:
+        ctx = ctx if ctx is not None else DiagnosticContext()
+        with ctx.scope(self.name):
+            try:
+                self.requires(graph_module)
+            except PassConditionError as e:
+                raise ctx.error(rules.PRECONDITION, pass_name=self.name, reason=str(e)) from e
+            if ctx.verbose:
+                ctx.log(rules.GRAPH_SNAPSHOT, Level.NOTE, detail=str(graph_module.graph),
+                        when="before", pass_name=self.name)
+            try:
+                result = self.call(graph_module, ctx)
+            except (OnnxModularError, PassConditionError):
+                raise
+            except Exception as e:  # an internal failure still gets a rule and a pass name
+                raise ctx.error(rules.PASS_FAILED, pass_name=self.name,
+                                reason=f"{type(e).__name__}: {e}") from e
+            if ctx.verbose:
+                ctx.log(rules.GRAPH_SNAPSHOT, Level.NOTE, detail=str(result.graph_module.graph),
+                        when="after", pass_name=self.name)
+            try:
+                self.ensures(result.graph_module)
+            except PassConditionError as e:
+                raise ctx.error(rules.POSTCONDITION, pass_name=self.name, reason=str(e)) from e
+        return result
+
+
+class PassManager:
+    """Runs passes in order, threading the module through; ``modified`` is any pass's."""
+
+    def __init__(self, passes: Sequence[PassBase], ctx: DiagnosticContext | None = None) -> None:
+        self.passes = list(passes)
+        self.ctx = ctx if ctx is not None else DiagnosticContext()
+
+    def __call__(self, graph_module: torch.fx.GraphModule) -> PassResult:
+        modified = False
+        for p in self.passes:
+            result = p(graph_module, self.ctx)
+            graph_module = result.graph_module
+            modified = modified or result.modified
+        return PassResult(graph_module, modified)
