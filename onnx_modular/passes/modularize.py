@@ -1,0 +1,471 @@
+"""Modularize: rebuild the ``nn.Module`` call hierarchy that ``torch.export`` flattens.
+
+Every FX node carries ``nn_module_stack``, the chain of module calls it ran in. This pass
+groups the nodes of each module call into a sub-``GraphModule`` and replaces them by one
+``call_module`` node, recursively, so that the result reads like the original model.
+
+Both metadata formats are read: torch.export's (``{key: (path, class_name)}`` with an outer
+root layer; a second call of one instance gets the key suffix ``@1``) and the FX symbolic
+tracer's (``{path: (path, class)}``, no root layer, leaf modules as ``call_module`` nodes).
+
+The algorithm is linear in the number of nodes: one scan assigns each node its chain of
+calls, a repair step makes interleaved calls contiguous where dependencies allow, and one
+more scan builds all graphs with a stack of builders.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+import re
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+
+from onnx_modular.diagnostics import DiagnosticContext, Location, rules
+from onnx_modular.passes.infra import PassBase, PassConditionError, PassResult
+
+#: A module call in a node's chain: (call_id, module_path, module_type).
+_Frame = tuple[str, str, str]
+
+_DYNAMO_PATH = re.compile(r"^L\['self'\]\.?")
+_INDEX = re.compile(r"\[(\d+)\]|\['([^']+)'\]")
+
+
+@dataclasses.dataclass(frozen=True)
+class CallInfo:
+    """One module call: ``call_id`` is unique per call; ``module_path`` is the FQN."""
+
+    call_id: str
+    module_path: str
+    module_type: str
+
+
+# ---- reading nn_module_stack -----------------------------------------------------------------
+
+def _normalize_path(path: str) -> str:
+    """``L['self'].h[1].attn`` (dynamo) -> ``h.1.attn``; export paths pass unchanged."""
+    if not path.startswith("L["):
+        return path
+    path = _DYNAMO_PATH.sub("", path)
+    return _INDEX.sub(lambda m: "." + (m.group(1) or m.group(2)), path).strip(".")
+
+
+def _type_name(cls: Any) -> str:
+    if isinstance(cls, str):
+        return cls
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _frames_of(node: torch.fx.Node) -> list[_Frame] | None:
+    """The node's module-call chain, outermost first, root layer dropped; None if unknown."""
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return None
+    frames: list[_Frame] = []
+    for key, value in stack.items():
+        if isinstance(value, tuple):
+            path, cls = value
+        else:  # very old FX tracer format: {path: class}
+            path, cls = key, value
+        path = _normalize_path(str(path))
+        if path == "":  # torch.export's root layer
+            continue
+        suffix = key.rsplit("@", 1)[1] if "@" in key else ""
+        call_id = f"{path}@{suffix}" if suffix else path
+        frames.append((call_id, path, _type_name(cls)))
+    if node.op == "call_module" and frames and frames[-1][1] == node.target:
+        frames.pop()  # FX tracer: a leaf module's own frame; the node *is* that call
+    return frames
+
+
+# ---- step 1: a chain of calls for every node ------------------------------------------------
+
+def _assign_chains(
+    nodes: Sequence[torch.fx.Node], ctx: DiagnosticContext
+) -> dict[torch.fx.Node, tuple[_Frame, ...]]:
+    """Chains for compute nodes; unannotated ones inherit the context around them."""
+    chains: dict[torch.fx.Node, tuple[_Frame, ...]] = {}
+    pending: list[torch.fx.Node] = []
+    unannotated: list[torch.fx.Node] = []
+    previous: tuple[_Frame, ...] = ()
+
+    def settle(following: tuple[_Frame, ...]) -> None:
+        common: list[_Frame] = []
+        for a, b in zip(previous, following, strict=False):
+            if a != b:
+                break
+            common.append(a)
+        for p in pending:
+            chains[p] = tuple(common)
+        pending.clear()
+
+    for node in nodes:
+        if node.op in ("placeholder", "output", "get_attr"):
+            continue
+        if node.op == "call_module" and node.target == "_guards_fn":
+            chains[node] = ()
+            continue
+        frames = _frames_of(node)
+        if frames is None:
+            pending.append(node)
+            unannotated.append(node)
+            continue
+        chain = tuple(frames)
+        settle(chain)
+        chains[node] = chain
+        previous = chain
+    settle(())
+    if unannotated:
+        names = ", ".join(n.name for n in unannotated[:8])
+        more = f" (+{len(unannotated) - 8} more)" if len(unannotated) > 8 else ""
+        ctx.note(rules.MISSING_MODULE_STACK, Location.of_node(unannotated[0]),
+                 count=len(unannotated), nodes=names + more)
+    return chains
+
+
+# ---- step 2: make every call contiguous, or split it ---------------------------------------
+
+def _make_contiguous(
+    order: list[torch.fx.Node],
+    chains: dict[torch.fx.Node, tuple[_Frame, ...]],
+    ctx: DiagnosticContext,
+) -> list[torch.fx.Node]:
+    """Reorder interleaved calls into one piece when no dependency forbids it.
+
+    For a call whose nodes are interrupted by foreign nodes, the foreign nodes that depend
+    on the call move after it, the others before it. If a node of the call depends on a
+    foreign node that must move after it, the call is split into pieces (``id#1`` ...).
+    Calls are visited outermost first; each reorder touches only the call's own span.
+    """
+    compute = [n for n in order if n in chains]
+    position = {n: i for i, n in enumerate(compute)}
+    members: dict[str, list[torch.fx.Node]] = {}
+    depth: dict[str, int] = {}
+    for n in compute:
+        for d, frame in enumerate(chains[n]):
+            members.setdefault(frame[0], []).append(n)
+            depth.setdefault(frame[0], d)
+
+    for call_id in sorted(members, key=lambda c: (depth[c], position[members[c][0]])):
+        inside = set(members[call_id])
+        lo = min(position[n] for n in inside)
+        hi = max(position[n] for n in inside)
+        if hi - lo + 1 == len(inside):
+            continue
+        span = compute[lo:hi + 1]
+        after: set[torch.fx.Node] = set()
+        blocked = False
+        for n in span:
+            if n in inside:
+                if any(a in after for a in n.all_input_nodes):
+                    blocked = True
+                    break
+            elif any(a in inside or a in after for a in n.all_input_nodes):
+                after.add(n)
+        if blocked:
+            _split_call(call_id, span, inside, chains, ctx)
+            continue
+        before = [n for n in span if n not in inside and n not in after]
+        grouped = before + [n for n in span if n in inside] + [n for n in span if n in after]
+        compute[lo:hi + 1] = grouped
+        for i, n in enumerate(grouped, start=lo):
+            position[n] = i
+
+    others = [n for n in order if n not in chains]
+    placeholders = [n for n in others if n.op in ("placeholder", "get_attr")]
+    outputs = [n for n in others if n.op == "output"]
+    return placeholders + compute + outputs
+
+
+def _split_call(
+    call_id: str,
+    span: list[torch.fx.Node],
+    inside: set[torch.fx.Node],
+    chains: dict[torch.fx.Node, tuple[_Frame, ...]],
+    ctx: DiagnosticContext,
+) -> None:
+    """Give each contiguous run of the call its own id, ``call_id#k`` for k >= 1."""
+    piece, was_inside = 0, False
+    for n in span:
+        is_inside = n in inside
+        if is_inside and not was_inside:
+            piece += 1
+        if is_inside and piece > 1:
+            chains[n] = tuple(
+                (f"{f[0]}#{piece - 1}", f[1], f[2]) if f[0] == call_id else f for f in chains[n]
+            )
+        was_inside = is_inside
+    first = next(n for n in span if n in inside)
+    path = next(f[1] for f in chains[first] if f[0] == call_id)
+    ctx.warn(rules.MODULE_CALL_SPLIT, Location.of_node(first, path), module=call_id, pieces=piece)
+
+
+# ---- step 3: build the nested GraphModules --------------------------------------------------
+
+class _Builder:
+    """Accumulates one module call's graph while the scan is inside that call."""
+
+    def __init__(self, frame: _Frame | None, parent: _Builder | None,
+                 graph: torch.fx.Graph) -> None:
+        self.frame = frame
+        self.parent = parent
+        self.graph = graph
+        self.env: dict[torch.fx.Node, torch.fx.Node] = {}
+        self.inputs: list[torch.fx.Node] = []  # outer nodes, in first-use order
+        self.defined: list[torch.fx.Node] = []  # original nodes whose value lives here
+        self.attributes: dict[str, Any] = {}
+        self.children: dict[str, int] = {}  # attribute name -> uses, for unique names
+        self._first_body: torch.fx.Node | None = None
+
+    @property
+    def call_id(self) -> str:
+        return self.frame[0] if self.frame else ""
+
+    @property
+    def prefix(self) -> str:
+        return self.frame[1] + "." if self.frame else ""
+
+
+class _Modularizer:
+    def __init__(self, gm: torch.fx.GraphModule, ctx: DiagnosticContext) -> None:
+        self.gm = gm
+        self.ctx = ctx
+        self.chains: dict[torch.fx.Node, tuple[_Frame, ...]] = {}
+        self.root_type = _type_name(type(gm))
+        self.submodule_types: dict[str, str] = {}
+
+    def run(self) -> torch.fx.GraphModule:
+        nodes = list(self.gm.graph.nodes)
+        self.chains = _assign_chains(nodes, self.ctx)
+        ordered = _make_contiguous(nodes, self.chains, self.ctx)
+
+        root_graph = torch.fx.Graph()
+        root_graph._codegen = self.gm.graph._codegen  # keeps the pytree calling convention
+        root = _Builder(None, None, root_graph)
+        stack = [root]
+        for node in ordered:
+            if node.op in ("placeholder", "get_attr"):
+                if node.op == "placeholder":
+                    root.env[node] = root_graph.node_copy(node)
+                    root.defined.append(node)
+                continue
+            chain = self.chains.get(node, ())
+            common = 0
+            while (common < len(chain) and common + 1 < len(stack)
+                   and stack[common + 1].frame == chain[common]):
+                common += 1
+            while len(stack) > common + 1:
+                self._close(stack.pop())
+            for frame in chain[common:]:
+                stack.append(_Builder(frame, stack[-1], torch.fx.Graph()))
+            if node.op == "output":
+                while len(stack) > 1:
+                    self._close(stack.pop())
+            self._copy(stack[-1], node)
+        while len(stack) > 1:
+            self._close(stack.pop())
+        return self._finish_root(root)
+
+    # -- values -------------------------------------------------------------------------------
+
+    def _lookup(self, builder: _Builder, value: torch.fx.Node) -> torch.fx.Node:
+        """The node standing for ``value`` in ``builder``'s graph (placeholder if outer)."""
+        found = builder.env.get(value)
+        if found is not None:
+            return found
+        if value.op == "get_attr":
+            return self._attribute(builder, value)
+        graph = builder.graph
+        if builder._first_body is None:
+            placeholder = graph.placeholder(value.name)
+        else:
+            with graph.inserting_before(builder._first_body):
+                placeholder = graph.placeholder(value.name)
+        placeholder.meta = dict(value.meta)
+        builder.env[value] = placeholder
+        builder.inputs.append(value)
+        return placeholder
+
+    def _attribute(self, builder: _Builder, value: torch.fx.Node) -> torch.fx.Node:
+        """Parameters, buffers and constants are attributes of the module that uses them."""
+        target = str(value.target)
+        if builder.frame is None:
+            local = target
+        elif target.startswith(builder.prefix):
+            local = target[len(builder.prefix):]
+        else:
+            local = target.replace(".", "_")
+        builder.attributes[local] = _fetch_attr(self.gm, target)
+        graph = builder.graph
+        if builder._first_body is None:
+            node = graph.get_attr(local)
+        else:
+            with graph.inserting_before(builder._first_body):
+                node = graph.get_attr(local)
+        node.meta = dict(value.meta)
+        node.meta["om_fx_name"] = value.name
+        builder.env[value] = node
+        return node
+
+    def _copy(self, builder: _Builder, node: torch.fx.Node) -> None:
+        new = builder.graph.node_copy(node, lambda v: self._lookup(builder, v))
+        new.meta["om_fx_name"] = node.name
+        if builder._first_body is None:
+            builder._first_body = new
+        if node.op == "call_module":  # FX tracer leaf module, or _guards_fn
+            target = str(node.target)
+            local = target[len(builder.prefix):] if target.startswith(builder.prefix) else target
+            local = local.replace(".", "_") if builder.frame is not None else target
+            new.target = local
+            builder.attributes[local] = _fetch_attr(self.gm, target)
+        builder.env[node] = new
+        builder.defined.append(node)
+
+    # -- closing a call -----------------------------------------------------------------------
+
+    def _close(self, builder: _Builder) -> None:
+        parent = builder.parent
+        assert parent is not None and builder.frame is not None
+        call_id, path, type_name = builder.frame
+        inside = set(builder.defined)
+        outputs = [n for n in builder.defined if any(u not in inside for u in n.users)]
+        mapped = [builder.env[n] for n in outputs]
+        builder.graph.output(mapped[0] if len(mapped) == 1 else tuple(mapped))
+        sub = torch.fx.GraphModule(
+            builder.attributes, builder.graph, class_name=_class_name(type_name))
+        sub.module_path = path
+        sub.module_type = type_name
+        sub.call_id = call_id
+
+        attr = self._child_name(parent, path)
+        parent.attributes[attr] = sub
+        args = tuple(self._lookup(parent, v) for v in builder.inputs)
+        call = parent.graph.call_module(attr, args)
+        call.meta["om_call"] = CallInfo(call_id, path, type_name)
+        if parent._first_body is None:
+            parent._first_body = call
+        if len(outputs) == 1:
+            parent.env[outputs[0]] = call
+            call.meta["val"] = outputs[0].meta.get("val")
+        else:
+            for i, out in enumerate(outputs):
+                item = parent.graph.call_function(operator.getitem, (call, i))
+                item.meta["val"] = out.meta.get("val")
+                parent.env[out] = item
+        # Inner nodes join the parent's membership (their users are inside it too); only
+        # the outputs get values in the parent's graph.
+        parent.defined.extend(builder.defined)
+
+    def _child_name(self, parent: _Builder, path: str) -> str:
+        """Readable, unique attribute names: ``h_0`` then ``h_0_1`` for a second call."""
+        local = path[len(parent.prefix):] if path.startswith(parent.prefix) else path
+        base = re.sub(r"\W", "_", local) or "module"
+        if base[0].isdigit():
+            base = f"m_{base}"
+        uses = parent.children.get(base, 0)
+        parent.children[base] = uses + 1
+        return base if uses == 0 else f"{base}_{uses}"
+
+    def _finish_root(self, root: _Builder) -> torch.fx.GraphModule:
+        gm = torch.fx.GraphModule(root.attributes, root.graph, class_name=type(self.gm).__name__)
+        gm.module_path = ""
+        gm.module_type = getattr(self.gm, "module_type", self.root_type)
+        gm.call_id = ""
+        gm.meta = dict(getattr(self.gm, "meta", {}))
+        for name in ("_in_spec", "_out_spec"):
+            if hasattr(self.gm, name):
+                setattr(gm, name, getattr(self.gm, name))
+        return gm
+
+
+def _fetch_attr(gm: torch.nn.Module, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _class_name(type_name: str) -> str:
+    return re.sub(r"\W", "_", type_name.rsplit(".", 1)[-1]) or "Module"
+
+
+# ---- the pass and the public entry point ----------------------------------------------------
+
+class Modularize(PassBase):
+    """Nested ``GraphModule`` per module call; outputs stay exactly equal."""
+
+    def requires(self, graph_module: torch.fx.GraphModule) -> None:
+        if not isinstance(graph_module, torch.fx.GraphModule):
+            raise PassConditionError(
+                f"a torch.fx.GraphModule or ExportedProgram, got {type(graph_module).__name__}")
+
+    def ensures(self, graph_module: torch.fx.GraphModule) -> None:
+        for node, sub in iter_module_calls(graph_module):
+            if not (hasattr(sub, "module_path") and hasattr(sub, "module_type")):
+                raise PassConditionError(f"call '{node.name}' lost its module_path/module_type")
+
+    def call(self, graph_module: torch.fx.GraphModule, ctx: DiagnosticContext) -> PassResult:
+        result = _Modularizer(graph_module, ctx).run()
+        return PassResult(result, modified=True)
+
+
+def modularize(program: Any, ctx: DiagnosticContext | None = None) -> torch.fx.GraphModule:
+    """Rebuild the module hierarchy of ``program`` as nested ``GraphModule``\\ s.
+
+    ``program`` is an ``ExportedProgram`` (before or after ``run_decompositions``) or a
+    ``GraphModule`` whose nodes carry ``nn_module_stack``. The result is called like
+    ``program.module()`` and returns exactly the same values.
+    """
+    ctx = ctx if ctx is not None else DiagnosticContext()
+    if isinstance(program, torch.export.ExportedProgram):
+        gm = program.module()
+        gm.module_type = _root_type_of(program)
+    elif isinstance(program, torch.fx.GraphModule):
+        gm = program
+    else:
+        raise ctx.error(rules.UNSUPPORTED_INPUT, reason=(
+            "modularize() takes a torch.export.ExportedProgram or a torch.fx.GraphModule "
+            f"carrying nn_module_stack meta, got {type(program).__name__}"))
+    return Modularize()(gm, ctx).graph_module
+
+
+def _root_type_of(program: torch.export.ExportedProgram) -> str:
+    for node in program.graph.nodes:
+        stack = node.meta.get("nn_module_stack")
+        if stack:
+            first = next(iter(stack.values()))
+            if isinstance(first, tuple) and first[0] == "":
+                return _type_name(first[1])
+    return "torch.nn.Module"
+
+
+def module_call_chains(gm: torch.fx.GraphModule) -> dict[str, tuple[CallInfo, ...]]:
+    """FX node name -> the module calls containing it, outermost first (root excluded)."""
+    result: dict[str, tuple[CallInfo, ...]] = {}
+
+    def walk(module: torch.fx.GraphModule, chain: tuple[CallInfo, ...]) -> None:
+        for node in module.graph.nodes:
+            info = node.meta.get("om_call")
+            if node.op == "call_module" and info is not None:
+                walk(getattr(module, str(node.target)), (*chain, info))
+            elif node.op in ("call_function", "call_method", "call_module", "get_attr"):
+                name = node.meta.get("om_fx_name")
+                if name is not None and (node.op != "get_attr" or name not in result):
+                    result[name] = chain
+
+    walk(gm, ())
+    return result
+
+
+def iter_module_calls(
+    gm: torch.fx.GraphModule,
+) -> Iterator[tuple[torch.fx.Node, torch.fx.GraphModule]]:
+    """Every (call_module node, sub-GraphModule) pair, depth first in execution order."""
+    for node in gm.graph.nodes:
+        if node.op == "call_module" and node.meta.get("om_call") is not None:
+            sub = getattr(gm, str(node.target))
+            yield node, sub
+            yield from iter_module_calls(sub)
