@@ -1,3 +1,27 @@
 """onnx_modular: torch.export -> module hierarchy -> hierarchical ONNX, split and validated."""
 
 __version__ = "0.1.0"
+
+from onnx_modular.diagnostics import (
+    Diagnostic,
+    DiagnosticContext,
+    Level,
+    Location,
+    OnnxModularError,
+    Rule,
+    to_sarif,
+)
+from onnx_modular.passes.modularize import CallInfo, modularize, module_call_chains
+
+__all__ = [
+    "CallInfo",
+    "Diagnostic",
+    "DiagnosticContext",
+    "Level",
+    "Location",
+    "OnnxModularError",
+    "Rule",
+    "modularize",
+    "module_call_chains",
+    "to_sarif",
+]

@@ -16,6 +16,7 @@ more scan builds all graphs with a stack of builders.
 from __future__ import annotations
 
 import dataclasses
+import keyword
 import operator
 import re
 from collections.abc import Iterator, Sequence
@@ -343,7 +344,7 @@ class _Modularizer:
         attr = self._child_name(parent, path)
         parent.attributes[attr] = sub
         args = tuple(self._lookup(parent, v) for v in builder.inputs)
-        call = parent.graph.call_module(attr, args)
+        call = parent.graph.create_node("call_module", attr, args, name=_node_name(attr))
         call.meta["om_call"] = CallInfo(call_id, path, type_name)
         if parent._first_body is None:
             parent._first_body = call
@@ -379,6 +380,11 @@ class _Modularizer:
             if hasattr(self.gm, name):
                 setattr(gm, name, getattr(self.gm, name))
         return gm
+
+
+def _node_name(attr: str) -> str:
+    """Generated code binds node names as locals: ``self`` or a keyword would break it."""
+    return f"{attr}_" if attr == "self" or keyword.iskeyword(attr) else attr
 
 
 def _fetch_attr(gm: torch.nn.Module, target: str) -> Any:
