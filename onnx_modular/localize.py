@@ -1,0 +1,431 @@
+"""Localization: which module call is the first whose ONNX outputs leave torch's.
+
+Torch side: one eager run with forward hooks records every module call (its path, call
+index, parent and the tensors it returned). No re-export is needed, so localizing costs
+little more than the plain validation run. An ``ExportedProgram`` runs through its
+modularized ``GraphModule``, whose sub-modules stand for the module calls.
+
+ONNX side: one ORT session on an inlined copy of the model in which the outputs of every
+module call are extra graph outputs. Calls are found in one of two ways:
+
+- hierarchical models (call nodes with ``onnx_modular.*`` metadata): the model is inlined
+  by :class:`_TrackingInliner`, which notes for each call node instance, nested ones
+  included, the names its outputs keep after inlining (the inliner gives the call site's
+  output names to the inlined body's outputs) and the call it was inlined from;
+- flat models from ``torch.onnx``: each node's ``pkg.torch.onnx.name_scopes`` gives its
+  module chain; a call's outputs are the values its nodes make that others use.
+
+ONNX call outputs pair with the torch call's returned tensors by shape and dtype; where
+several have the same shape the closest one counts, so a reordering never reads as a
+mismatch. The first mismatch is the diverging call whose earliest diverging value comes
+first in the inlined graph; on a tie the deeper call wins.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import torch
+from onnx_ir.passes.common.inliner import InlinePass
+
+from onnx_modular import _ort
+
+META_PATH = "onnx_modular.module_path"
+META_TYPE = "onnx_modular.module_type"
+META_CALL = "onnx_modular.call_id"
+META_SCOPES = "pkg.torch.onnx.name_scopes"
+META_CLASSES = "pkg.torch.onnx.class_hierarchy"
+
+_CALL_SUFFIX = re.compile(r"@(\d+)$")
+
+
+# ---- torch side ------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class TorchCall:
+    """One module call seen in eager mode; ``outputs`` are its returned tensors."""
+
+    call_id: str
+    module_path: str
+    module_type: str
+    depth: int
+    parent: int | None
+    outputs: list[torch.Tensor]
+
+
+def _type_name(obj: Any) -> str:
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _tensor_leaves(value: Any) -> list[torch.Tensor]:
+    leaves = torch.utils._pytree.tree_leaves(value)
+    return [t.detach().clone() for t in leaves if isinstance(t, torch.Tensor)]
+
+
+def record_calls(
+    model: torch.nn.Module, run: Callable[[], Any], *, modularized: bool = False
+) -> tuple[Any, list[TorchCall]]:
+    """Run ``run()`` with hooks on every submodule; the output and the calls, in call order.
+
+    ``modularized``: submodules are generated sub-GraphModules carrying ``call_id``,
+    ``module_path`` and ``module_type`` (from :func:`onnx_modular.modularize`).
+    """
+    calls: list[TorchCall] = []
+    stack: list[int] = []
+    counts: dict[int, int] = {}
+    handles = []
+
+    def pre_hook(name: str) -> Callable[..., None]:
+        def hook(module: torch.nn.Module, _args: Any) -> None:
+            if modularized:
+                call_id = str(module.call_id)
+                path, type_name = str(module.module_path), str(module.module_type)
+            else:
+                k = counts.get(id(module), 0)
+                counts[id(module)] = k + 1
+                call_id = name if k == 0 else f"{name}@{k}"
+                path, type_name = name, _type_name(module)
+            calls.append(TorchCall(call_id, path, type_name, len(stack),
+                                   stack[-1] if stack else None, []))
+            stack.append(len(calls) - 1)
+        return hook
+
+    def post_hook(module: torch.nn.Module, _args: Any, output: Any) -> None:
+        calls[stack.pop()].outputs = _tensor_leaves(output)
+
+    try:
+        for name, module in model.named_modules():
+            if not name or (modularized and not hasattr(module, "call_id")):
+                continue
+            handles.append(module.register_forward_pre_hook(pre_hook(name)))
+            handles.append(module.register_forward_hook(post_hook))
+        result = run()
+    finally:
+        for h in handles:
+            h.remove()
+    return result, calls
+
+
+# ---- ONNX side -------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class OnnxCall:
+    """A module call found in the ONNX model; ``outputs`` are value names after inlining."""
+
+    call_id: str
+    module_path: str
+    module_type: str | None
+    outputs: list[str]
+    parent: int | None = None
+    exact: bool = True  # False: metadata of a shared body, resolved against the parent
+
+
+@dataclasses.dataclass
+class Probe:
+    """The inlined model with every call output exposed, and the calls found in it."""
+
+    proto: onnx.ModelProto
+    calls: list[OnnxCall]
+    position: dict[str, int]  # value name -> index of its producer in the inlined graph
+    kind: str  # "hierarchical", "flat" or "none"
+
+
+class _TrackingInliner(InlinePass):
+    """onnx_ir's inliner, noting every call node instance it expands and where it came from."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.instances: list[tuple[dict[str, str], int | None, list[str]]] = []
+        self._origin: dict[ir.Node, int] = {}
+
+    def _instantiate_call(self, node: ir.Node, call_site_id: str) -> Any:
+        parent = self._origin.get(node)
+        meta = dict(node.metadata_props)
+        if parent is not None and meta.get(META_CALL) == self.instances[parent][0].get(META_CALL):
+            meta = {}  # no metadata of its own: the cloner copied the enclosing call's
+        outputs = [v.name or "" for v in node.outputs]
+        self.instances.append((meta, parent, outputs))
+        index = len(self.instances) - 1
+        nodes, values = super()._instantiate_call(node, call_site_id)
+        for n in nodes:
+            self._origin[n] = index
+        return nodes, values
+
+
+def _module_instances(inliner: _TrackingInliner) -> list[OnnxCall]:
+    """Call instances that are module calls; non-module functions pass their parent on."""
+    calls: list[OnnxCall] = []
+    index_of: dict[int, int | None] = {}
+    for i, (meta, parent, outputs) in enumerate(inliner.instances):
+        parent_call = index_of.get(parent) if parent is not None else None
+        call_id = meta.get(META_CALL) or meta.get(META_PATH)
+        if not call_id:
+            index_of[i] = parent_call
+            continue
+        calls.append(OnnxCall(call_id, meta.get(META_PATH, call_id), meta.get(META_TYPE),
+                              outputs, parent_call, exact=parent is None))
+        index_of[i] = len(calls) - 1
+    return calls
+
+
+def _flat_calls(graph: ir.Graph) -> list[OnnxCall]:
+    """Calls from ``name_scopes``: maximal runs of nodes in one module (metadata-less skip)."""
+    nodes = list(graph)
+    chains: list[list[str] | None] = []
+    types: dict[str, str] = {}
+    for node in nodes:
+        scopes = node.metadata_props.get(META_SCOPES)
+        if scopes is None:
+            chains.append(None)
+            continue
+        try:
+            parsed = [str(s) for s in _literal(scopes)][1:-1]
+            classes = [str(s) for s in _literal(node.metadata_props.get(META_CLASSES, "[]"))]
+        except ValueError:
+            chains.append(None)
+            continue
+        for path, cls in zip(parsed, classes[1:], strict=False):
+            types.setdefault(path, cls)
+        chains.append(parsed)
+
+    # membership runs per module path, in graph order
+    runs: dict[str, list[list[int]]] = {}
+    open_run: dict[str, list[int]] = {}
+    for i, chain in enumerate(chains):
+        if chain is None:
+            continue
+        current = set(chain)
+        for path in list(open_run):
+            if path not in current:
+                runs.setdefault(path, []).append(open_run.pop(path))
+        for path in chain:
+            open_run.setdefault(path, []).append(i)
+    for path, run in open_run.items():
+        runs.setdefault(path, []).append(run)
+
+    graph_outputs = set(graph.outputs)
+    found: list[tuple[int, OnnxCall]] = []
+    for path, path_runs in runs.items():
+        for k, run in enumerate(path_runs):
+            members = {nodes[i] for i in run}
+            outputs = []
+            for i in run:
+                for value in nodes[i].outputs:
+                    if value.name and (value in graph_outputs or any(
+                            user not in members for user, _ in value.uses())):
+                        outputs.append(value.name)
+            call_id = path if k == 0 else f"{path}@{k}"
+            found.append((run[0], OnnxCall(call_id, path, types.get(path), outputs,
+                                           exact=True)))
+    found.sort(key=lambda item: (item[0], item[1].module_path.count(".")))
+    return [call for _, call in found]
+
+
+def _literal(text: str) -> Any:
+    import ast
+
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError) as exc:
+        raise ValueError(text) from exc
+
+
+def build_probe(proto: onnx.ModelProto) -> Probe:
+    """Inline a copy of ``proto`` and expose every module call's outputs as graph outputs."""
+    model = ir.serde.deserialize_model(proto)
+    inliner = _TrackingInliner()
+    if model.functions:
+        inliner(model)
+    calls = _module_instances(inliner)
+    kind = "hierarchical"
+    if not calls:
+        calls = _flat_calls(model.graph)
+        kind = "flat" if calls else "none"
+
+    values: dict[str, ir.Value] = {}
+    position: dict[str, int] = {}
+    for value in model.graph.inputs:
+        if value.name:
+            values[value.name] = value
+            position[value.name] = -1
+    for i, node in enumerate(model.graph):
+        for value in node.outputs:
+            if value.name:
+                values[value.name] = value
+                position[value.name] = i
+    present = set(model.graph.outputs)
+    for call in calls:
+        call.outputs = [name for name in call.outputs if name in values]
+        for name in call.outputs:
+            value = values[name]
+            if value not in present and value.producer() is not None:
+                model.graph.outputs.append(value)
+                present.add(value)
+    return Probe(ir.serde.serialize_model(model), calls, position, kind)
+
+
+# ---- pairing and judging ---------------------------------------------------------------------
+
+def _components(path: str) -> list[str]:
+    return [p for p in _CALL_SUFFIX.sub("", path).split(".") if p]
+
+
+def _suffix_score(a: str, b: str) -> int:
+    score = 0
+    for x, y in zip(reversed(_components(a)), reversed(_components(b)), strict=False):
+        if x != y:
+            break
+        score += 1
+    return score
+
+
+def resolve(onnx_calls: list[OnnxCall], torch_calls: list[TorchCall]) -> dict[int, int]:
+    """ONNX call index -> torch call index.
+
+    Calls of the main graph name their call exactly. A call inlined from a shared function
+    body carries the metadata of the call the body was made from (``h.0.attn`` inside the
+    body that ``h.1`` also calls); it resolves to the descendant of its parent's torch call
+    with the same class whose path shares the longest tail with it.
+    """
+    by_id = {c.call_id: i for i, c in enumerate(torch_calls)}
+    children: dict[int | None, list[int]] = {}
+    for i, c in enumerate(torch_calls):
+        children.setdefault(c.parent, []).append(i)
+
+    def descendants(root: int | None) -> list[int]:
+        out, todo = [], list(children.get(root, []))
+        while todo:
+            i = todo.pop(0)
+            out.append(i)
+            todo[:0] = children.get(i, [])
+        return out
+
+    mapping: dict[int, int] = {}
+    used: set[int] = set()
+    for k, call in enumerate(onnx_calls):
+        if "#" in call.call_id:  # a piece of a split call: its outputs are intermediates
+            continue
+        parent = mapping.get(call.parent) if call.parent is not None else None
+        if call.parent is not None and parent is None:
+            continue  # the parent could not be placed, so neither can this call
+        exact = by_id.get(call.call_id)
+        if exact is not None and (call.exact or parent is None or exact in descendants(parent)):
+            if exact not in used:
+                mapping[k] = exact
+                used.add(exact)
+            continue
+        if call.exact:
+            continue
+        best, best_score = None, 0
+        for j in descendants(parent):
+            if j in used:
+                continue
+            t = torch_calls[j]
+            if call.module_type and t.module_type != call.module_type:
+                continue
+            score = _suffix_score(call.call_id, t.call_id)
+            if score > best_score:
+                best, best_score = j, score
+        if best is not None:
+            mapping[k] = best
+            used.add(best)
+    return mapping
+
+
+@dataclasses.dataclass
+class ModuleDivergence:
+    """A module call whose ONNX outputs leave torch's, and by how much."""
+
+    module_path: str
+    call_id: str
+    module_type: str
+    depth: int
+    output: str  # the ONNX value name of the worst output
+    max_abs: float
+    max_rel: float
+    mismatched: int
+    position: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"module_path": self.module_path, "call_id": self.call_id,
+                "module_type": self.module_type, "depth": self.depth, "output": self.output,
+                "max_abs_err": _ort._json_float(self.max_abs),
+                "max_rel_err": _ort._json_float(self.max_rel), "mismatched": self.mismatched}
+
+
+@dataclasses.dataclass
+class Localization:
+    """Every diverging module call in execution order, and the first (deepest) one."""
+
+    kind: str
+    calls_checked: int
+    divergences: list[ModuleDivergence]
+    first: ModuleDivergence | None
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "calls_checked": self.calls_checked,
+                "first_mismatch": self.first.module_path if self.first else None,
+                "divergences": [d.to_dict() for d in self.divergences], "note": self.note}
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        return t.float().numpy()
+    return t.resolve_conj().resolve_neg().numpy()
+
+
+def _dtype_of(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def judge(
+    probe: Probe,
+    onnx_values: dict[str, np.ndarray],
+    torch_calls: list[TorchCall],
+    rtol: float | None,
+    atol: float | None,
+) -> Localization:
+    """Compare every paired call output; collect the diverging calls, first one first."""
+    mapping = resolve(probe.calls, torch_calls)
+    divergences: list[ModuleDivergence] = []
+    checked = 0
+    for k, j in mapping.items():
+        call, tcall = probe.calls[k], torch_calls[j]
+        bad: list[tuple[int, str, _ort.Diff]] = []
+        compared = False
+        for name in call.outputs:
+            actual = onnx_values.get(name)
+            if actual is None:
+                continue
+            candidates = [t for t in tcall.outputs if tuple(t.shape) == actual.shape]
+            if not candidates:
+                continue
+            compared = True
+            best: _ort.Diff | None = None
+            for t in candidates:
+                r, a = _ort.tolerances_for(_dtype_of(t), rtol, atol)
+                d = _ort.diff(actual, to_numpy(t), r, a)
+                if best is None or (d.ok, -d.max_abs) > (best.ok, -best.max_abs):
+                    best = d
+            if best is not None and not best.ok:
+                bad.append((probe.position.get(name, 0), name, best))
+        checked += compared
+        if bad:
+            position, name, _ = min(bad, key=lambda b: b[0])
+            divergences.append(ModuleDivergence(
+                tcall.module_path, tcall.call_id, tcall.module_type, tcall.depth, name,
+                max(b[2].max_abs for b in bad), max(b[2].max_rel for b in bad),
+                sum(b[2].mismatched for b in bad), position))
+    divergences.sort(key=lambda d: (d.position, -d.depth))
+    note = "" if checked else "no module call of the ONNX model could be paired with torch"
+    return Localization(probe.kind, checked, divergences,
+                        divergences[0] if divergences else None, note)
