@@ -2,6 +2,7 @@
 
 __version__ = "0.1.0"
 
+from onnx_modular.compare import CompareReport, compare
 from onnx_modular.diagnostics import (
     Diagnostic,
     DiagnosticContext,
@@ -12,9 +13,11 @@ from onnx_modular.diagnostics import (
     to_sarif,
 )
 from onnx_modular.passes.modularize import CallInfo, modularize, module_call_chains
+from onnx_modular.validate import ValidationReport, validate
 
 __all__ = [
     "CallInfo",
+    "CompareReport",
     "Diagnostic",
     "DiagnosticContext",
     "Level",
@@ -23,5 +26,8 @@ __all__ = [
     "Rule",
     "modularize",
     "module_call_chains",
+    "ValidationReport",
+    "compare",
     "to_sarif",
+    "validate",
 ]

@@ -468,6 +468,7 @@ def run_validate(
 ) -> int:
     """Validate, print the report, optionally save it; exit code 0 ok, 1 mismatch, 2 error."""
     from rich.console import Console
+    from rich.text import Text
 
     console = console or Console()
     try:
@@ -477,6 +478,6 @@ def run_validate(
         if report is not None:
             rep.save(report)
     except OnnxModularError as exc:
-        console.print(f"[bold red]error:[/bold red] {exc}", highlight=False, soft_wrap=True)
+        console.print(Text(str(exc), style="bold red"), soft_wrap=True)
         return 2
     return 0 if rep.ok else 1
