@@ -15,7 +15,9 @@ more scan builds all graphs with a stack of builders.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import keyword
 import operator
 import re
@@ -24,6 +26,7 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from onnx_modular.diagnostics import DiagnosticContext, Location, rules
 from onnx_modular.passes.infra import PassBase, PassConditionError, PassResult
@@ -230,26 +233,85 @@ class _Builder:
         return self.frame[1] + "." if self.frame else ""
 
 
+@dataclasses.dataclass
+class _Source:
+    """What the modularizer reads: a graph, where its attributes live, how it is called.
+
+    For an ExportedProgram the graph is the *lifted* one: parameter and buffer placeholders
+    become attributes and mutated buffers are copied back at the end, which is what
+    ``ExportedProgram.module()`` does, without copying and recompiling the whole graph.
+    """
+
+    graph: torch.fx.Graph
+    attributes: dict[str, Any]
+    lifted: dict[torch.fx.Node, str]  # placeholder -> attribute FQN
+    mutated_outputs: list[str | None] | None  # per flat output: buffer/input it writes
+    codegen: Any
+    class_name: str
+    module_type: str
+    meta: dict[str, Any]
+
+    @classmethod
+    def of_graph_module(cls, gm: torch.fx.GraphModule) -> _Source:
+        attributes: dict[str, Any] = {}
+        for node in gm.graph.nodes:
+            if node.op in ("get_attr", "call_module"):
+                attributes[str(node.target)] = _fetch_attr(gm, str(node.target))
+        return cls(gm.graph, attributes, {}, None, gm.graph._codegen, type(gm).__name__,
+                   getattr(gm, "module_type", _type_name(type(gm))), dict(gm.meta))
+
+    @classmethod
+    def of_program(cls, ep: torch.export.ExportedProgram) -> _Source:
+        from torch.export.graph_signature import InputKind, OutputKind
+
+        if any(spec.kind == InputKind.TOKEN for spec in ep.graph_signature.input_specs):
+            return cls.of_graph_module(ep.module())  # effect tokens: let torch unlift
+        placeholders = [n for n in ep.graph.nodes if n.op == "placeholder"]
+        lifted_kinds = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR,
+                        InputKind.CUSTOM_OBJ)
+        lifted: dict[torch.fx.Node, str] = {}
+        attributes: dict[str, Any] = {}
+        for node, spec in zip(placeholders, ep.graph_signature.input_specs, strict=True):
+            if spec.kind in lifted_kinds and spec.target is not None:
+                lifted[node] = spec.target
+                attributes[spec.target] = (ep.state_dict[spec.target]
+                                           if spec.target in ep.state_dict
+                                           else ep.constants[spec.target])
+        for node in ep.graph.nodes:
+            if node.op == "get_attr":  # submodules of control flow, rare in exported graphs
+                attributes[str(node.target)] = _fetch_attr(ep.graph_module, str(node.target))
+        mutated = [spec.target if spec.kind in (OutputKind.BUFFER_MUTATION,
+                                                OutputKind.USER_INPUT_MUTATION,
+                                                OutputKind.PARAMETER_MUTATION) else None
+                   for spec in ep.graph_signature.output_specs]
+        signature = ep.module_call_graph[0].signature
+        from torch.export._unlift import _get_codegen
+
+        codegen = _get_codegen(ep.call_spec.in_spec, ep.call_spec.out_spec,
+                               signature.forward_arg_names if signature else None)
+        root_type = _root_type_of(ep)
+        return cls(ep.graph, attributes, lifted, mutated, codegen,
+                   _class_name(root_type), root_type, dict(ep.graph_module.meta))
+
+
 class _Modularizer:
-    def __init__(self, gm: torch.fx.GraphModule, ctx: DiagnosticContext) -> None:
-        self.gm = gm
+    def __init__(self, source: _Source, ctx: DiagnosticContext) -> None:
+        self.source = source
         self.ctx = ctx
         self.chains: dict[torch.fx.Node, tuple[_Frame, ...]] = {}
-        self.root_type = _type_name(type(gm))
-        self.submodule_types: dict[str, str] = {}
 
     def run(self) -> torch.fx.GraphModule:
-        nodes = list(self.gm.graph.nodes)
+        nodes = list(self.source.graph.nodes)
         self.chains = _assign_chains(nodes, self.ctx)
         ordered = _make_contiguous(nodes, self.chains, self.ctx)
 
         root_graph = torch.fx.Graph()
-        root_graph._codegen = self.gm.graph._codegen  # keeps the pytree calling convention
+        root_graph._codegen = self.source.codegen  # keeps the pytree calling convention
         root = _Builder(None, None, root_graph)
         stack = [root]
         for node in ordered:
             if node.op in ("placeholder", "get_attr"):
-                if node.op == "placeholder":
+                if node.op == "placeholder" and node not in self.source.lifted:
                     root.env[node] = root_graph.node_copy(node)
                     root.defined.append(node)
                 continue
@@ -262,13 +324,28 @@ class _Modularizer:
                 self._close(stack.pop())
             for frame in chain[common:]:
                 stack.append(_Builder(frame, stack[-1], torch.fx.Graph()))
-            if node.op == "output":
-                while len(stack) > 1:
-                    self._close(stack.pop())
-            self._copy(stack[-1], node)
+            if node.op == "output" and self.source.mutated_outputs is not None:
+                self._program_output(root, node)
+            else:
+                self._copy(stack[-1], node)
         while len(stack) > 1:
             self._close(stack.pop())
         return self._finish_root(root)
+
+    def _program_output(self, root: _Builder, node: torch.fx.Node) -> None:
+        """Mutated buffers and inputs are written back with ``copy_``; user outputs returned."""
+        assert self.source.mutated_outputs is not None
+        by_name = {n.name: n for n in self.source.graph.nodes if n.op == "placeholder"}
+        by_target = {t: n for n, t in self.source.lifted.items()}
+        user_outputs = []
+        for value, target in zip(node.args[0], self.source.mutated_outputs, strict=True):
+            mapped = self._lookup(root, value) if isinstance(value, torch.fx.Node) else value
+            if target is None:
+                user_outputs.append(mapped)
+                continue
+            written = self._lookup(root, by_target.get(target) or by_name[target])
+            root.graph.call_function(torch.ops.aten.copy_.default, (written, mapped))
+        root.graph.output(tuple(user_outputs))
 
     # -- values -------------------------------------------------------------------------------
 
@@ -277,7 +354,7 @@ class _Modularizer:
         found = builder.env.get(value)
         if found is not None:
             return found
-        if value.op == "get_attr":
+        if value.op == "get_attr" or value in self.source.lifted:
             return self._attribute(builder, value)
         graph = builder.graph
         if builder._first_body is None:
@@ -292,14 +369,14 @@ class _Modularizer:
 
     def _attribute(self, builder: _Builder, value: torch.fx.Node) -> torch.fx.Node:
         """Parameters, buffers and constants are attributes of the module that uses them."""
-        target = str(value.target)
+        target = self.source.lifted.get(value) or str(value.target)
         if builder.frame is None:
             local = target
         elif target.startswith(builder.prefix):
             local = target[len(builder.prefix):]
         else:
             local = target.replace(".", "_")
-        builder.attributes[local] = _fetch_attr(self.gm, target)
+        builder.attributes[local] = self.source.attributes[target]
         graph = builder.graph
         if builder._first_body is None:
             node = graph.get_attr(local)
@@ -321,7 +398,7 @@ class _Modularizer:
             local = target[len(builder.prefix):] if target.startswith(builder.prefix) else target
             local = local.replace(".", "_") if builder.frame is not None else target
             new.target = local
-            builder.attributes[local] = _fetch_attr(self.gm, target)
+            builder.attributes[local] = self.source.attributes[target]
         builder.env[node] = new
         builder.defined.append(node)
 
@@ -335,8 +412,7 @@ class _Modularizer:
         outputs = [n for n in builder.defined if any(u not in inside for u in n.users)]
         mapped = [builder.env[n] for n in outputs]
         builder.graph.output(mapped[0] if len(mapped) == 1 else tuple(mapped))
-        sub = torch.fx.GraphModule(
-            builder.attributes, builder.graph, class_name=_class_name(type_name))
+        sub = _LazyGraphModule(builder.attributes, builder.graph, class_name=_class_name(type_name))
         sub.module_path = path
         sub.module_type = type_name
         sub.call_id = call_id
@@ -371,15 +447,25 @@ class _Modularizer:
         return base if uses == 0 else f"{base}_{uses}"
 
     def _finish_root(self, root: _Builder) -> torch.fx.GraphModule:
-        gm = torch.fx.GraphModule(root.attributes, root.graph, class_name=type(self.gm).__name__)
+        gm = _LazyGraphModule(root.attributes, root.graph, class_name=self.source.class_name)
         gm.module_path = ""
-        gm.module_type = getattr(self.gm, "module_type", self.root_type)
+        gm.module_type = self.source.module_type
         gm.call_id = ""
-        gm.meta = dict(getattr(self.gm, "meta", {}))
-        for name in ("_in_spec", "_out_spec"):
-            if hasattr(self.gm, name):
-                setattr(gm, name, getattr(self.gm, name))
+        gm.meta.update(self.source.meta)
         return gm
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Building many small graphs allocates without freeing; the cyclic GC's full passes
+    would make that superlinear, so pause it for the duration."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _node_name(attr: str) -> str:
@@ -403,8 +489,11 @@ def _class_name(type_name: str) -> str:
 class Modularize(PassBase):
     """Nested ``GraphModule`` per module call; outputs stay exactly equal."""
 
-    def requires(self, graph_module: torch.fx.GraphModule) -> None:
-        if not isinstance(graph_module, torch.fx.GraphModule):
+    def __init__(self, source: _Source | None = None) -> None:
+        self.source = source
+
+    def requires(self, graph_module: Any) -> None:
+        if not isinstance(graph_module, (torch.fx.GraphModule, torch.export.ExportedProgram)):
             raise PassConditionError(
                 f"a torch.fx.GraphModule or ExportedProgram, got {type(graph_module).__name__}")
 
@@ -414,7 +503,9 @@ class Modularize(PassBase):
                 raise PassConditionError(f"call '{node.name}' lost its module_path/module_type")
 
     def call(self, graph_module: torch.fx.GraphModule, ctx: DiagnosticContext) -> PassResult:
-        result = _Modularizer(graph_module, ctx).run()
+        source = self.source or _Source.of_graph_module(graph_module)
+        with _gc_paused():
+            result = _Modularizer(source, ctx).run()
         return PassResult(result, modified=True)
 
 
@@ -427,15 +518,14 @@ def modularize(program: Any, ctx: DiagnosticContext | None = None) -> torch.fx.G
     """
     ctx = ctx if ctx is not None else DiagnosticContext()
     if isinstance(program, torch.export.ExportedProgram):
-        gm = program.module()
-        gm.module_type = _root_type_of(program)
+        source = _Source.of_program(program)
     elif isinstance(program, torch.fx.GraphModule):
-        gm = program
+        source = _Source.of_graph_module(program)
     else:
         raise ctx.error(rules.UNSUPPORTED_INPUT, reason=(
             "modularize() takes a torch.export.ExportedProgram or a torch.fx.GraphModule "
             f"carrying nn_module_stack meta, got {type(program).__name__}"))
-    return Modularize()(gm, ctx).graph_module
+    return Modularize(source)(program, ctx).graph_module
 
 
 def _root_type_of(program: torch.export.ExportedProgram) -> str:

@@ -1,0 +1,101 @@
+"""Modularize vs torch.export.unflatten on the same program, side by side in one run.
+
+Prints, for 12/48/96 identical layers: nodes, both times, the ratio, and time per node.
+Targets: ratio <= 0.5x; time per node flat (within 20%) from 1k to 10k nodes.
+Usage: python scripts/bench_modularize.py [--layers 12 48 96] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.fx
+from torch import nn
+
+from onnx_modular import modularize
+
+
+class Gated(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.up = nn.Linear(dim, 2 * dim)
+        self.down = nn.Linear(2 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.up(self.norm(x))
+        a, b = h.chunk(2, dim=-1)
+        return x + self.down(torch.cat([a * torch.sigmoid(b), a - b], dim=-1) * 0.5)
+
+
+class Layer(nn.Module):
+    """About 100 FX nodes: 12 layers ~ 1k nodes, 96 layers ~ 10k nodes."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList([Gated(dim) for _ in range(6)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for part in self.parts:
+            x = part(x)
+        return x
+
+
+class Net(nn.Module):
+    def __init__(self, layers: int, dim: int = 16) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([Layer(dim) for _ in range(layers)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def best_of(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def with_codegen(ep: torch.export.ExportedProgram) -> None:
+    """Modularize, then generate the Python code of every module (what unflatten pays)."""
+    gm = modularize(ep)
+    for module in gm.modules():
+        if isinstance(module, torch.fx.GraphModule):
+            _ = module.code
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--layers", type=int, nargs="+", default=[12, 48, 96])
+    parser.add_argument("--repeat", type=int, default=5)
+    opts = parser.parse_args()
+    x = torch.randn(2, 16)
+    rows = []
+    print(f"{'layers':>6} {'nodes':>6} {'modularize s':>13} {'+codegen s':>11} "
+          f"{'unflatten s':>12} {'ratio':>6} {'ratio+cg':>8} {'us/node':>8}")
+    for n in opts.layers:
+        ep = torch.export.export(Net(n).eval(), (x,))
+        nodes = len(ep.graph.nodes)
+        ours = best_of(lambda ep=ep: modularize(ep), opts.repeat)
+        full = best_of(lambda ep=ep: with_codegen(ep), opts.repeat)
+        theirs = best_of(lambda ep=ep: torch.export.unflatten(ep), opts.repeat)
+        gm, ref = modularize(ep), ep.module()
+        assert torch.equal(gm(x), ref(x))
+        per_node = ours / nodes * 1e6
+        rows.append((n, nodes, ours, theirs, per_node))
+        print(f"{n:>6} {nodes:>6} {ours:>13.3f} {full:>11.3f} {theirs:>12.3f} "
+              f"{ours / theirs:>6.2f} {full / theirs:>8.2f} {per_node:>8.1f}")
+    if len(rows) > 1:
+        spread = max(r[4] for r in rows) / min(r[4] for r in rows)
+        print(f"time per node, max/min over {rows[0][1]}..{rows[-1][1]} nodes: {spread:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
