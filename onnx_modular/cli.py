@@ -1,0 +1,286 @@
+"""``python -m onnx_modular`` / ``onnx-modular``: export, split, validate, compare, inspect.
+
+Each subcommand does one thing. User errors print one line and exit non-zero (2 for bad
+usage or unreadable input; ``validate``/``compare`` use 1 for a numerical mismatch);
+``--debug`` shows the traceback instead. Files are written atomically: a failure leaves none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from onnx_modular.diagnostics import OnnxModularError
+
+EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
+
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        err.print(f"[bold red]error:[/bold red] {self.prog}: {escape(message)}", highlight=False)
+        raise SystemExit(EXIT_USAGE)
+
+
+@contextlib.contextmanager
+def _step(message: str) -> Iterator[None]:
+    """A spinner on stderr while a long step runs, then its duration."""
+    start = time.perf_counter()
+    with err.status(f"{message} ..."):
+        yield
+    err.print(f"[green]✓[/green] {message} [dim]({time.perf_counter() - start:.1f}s)[/dim]",
+              highlight=False)
+
+
+def _add_model_inputs(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", metavar="MODEL",
+                   help="package.module:attr or path/file.py:attr (an nn.Module or a factory)")
+    p.add_argument("--inputs", metavar="INPUTS",
+                   help="package.module:attr or file.py:attr giving a tuple of tensors "
+                   "or (args, kwargs)")
+    p.add_argument("--input", action="append", metavar="SHAPE:DTYPE", dest="random_inputs",
+                   help="a random input, e.g. 1x8:int64 (repeat once per input)")
+
+
+def _providers(text: str | None) -> list[str] | None:
+    return [p.strip() for p in text.split(",") if p.strip()] if text else None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="onnx-modular", description=__doc__.splitlines()[0])
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("export", help="export hierarchical (or flat) ONNX")
+    _add_model_inputs(p)
+    p.add_argument("-o", "--output", required=True, help="the .onnx file to write")
+    p.add_argument("--flat", action="store_true", help="no functions (same as --functions none)")
+    p.add_argument("--functions", default="all",
+                   help="all | none | comma-separated classes, class names or module paths")
+    p.add_argument("--no-dedupe", action="store_true", help="one function per call")
+    p.add_argument("--opset", type=int, default=None)
+    p.add_argument("--validate", action="store_true", help="validate against ONNX Runtime after")
+    p.add_argument("--providers", help="for --validate: cpu,cuda (default: all available)")
+    p.add_argument("--report", help="for --validate: write the report (.json or .md)")
+    p.add_argument("--sarif", help="write the diagnostics as SARIF 2.1.0")
+
+    p = sub.add_parser("split", help="split into accelerator/CPU regions or pipeline stages")
+    _add_model_inputs(p)
+    how = p.add_mutually_exclusive_group(required=True)
+    how.add_argument("--acc-ops", metavar="FILE", help="file listing supported aten ops")
+    how.add_argument("--acc-ep", metavar="NAME", help="ONNX Runtime execution provider name")
+    how.add_argument("--split-points", metavar="P",
+                     help="pipeline stages, e.g. 'h.4:beginning,h.9:end'")
+    p.add_argument("--min-acc-size", type=int, default=1)
+    p.add_argument("--max-acc-splits", type=int, default=-1)
+    p.add_argument("--preview", action="store_true", help="print the support/region preview")
+    p.add_argument("-o", "--output", required=True, help="the directory to write")
+
+    p = sub.add_parser("validate", help="compare torch eager with ONNX Runtime")
+    _add_model_inputs(p)
+    p.add_argument("onnx", metavar="MODEL.onnx")
+    p.add_argument("--providers", help="cpu,cuda (default: all available)")
+    p.add_argument("--rtol", type=float)
+    p.add_argument("--atol", type=float)
+    p.add_argument("--report", help="write the report (.json or .md)")
+
+    p = sub.add_parser("compare", help="structure and numerics of two ONNX models")
+    p.add_argument("a", metavar="A.onnx")
+    p.add_argument("b", metavar="B.onnx")
+    p.add_argument("--inputs", help="package.module:attr or file.py:attr (default: random)")
+    p.add_argument("--report", help="write the report (.json or .md)")
+
+    p = sub.add_parser("inspect", help="module/function tree and call counts of an ONNX file")
+    p.add_argument("onnx", metavar="MODEL.onnx")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    return parser
+
+
+# ---- subcommands -----------------------------------------------------------------------------
+
+def _load(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+    from onnx_modular.loading import load_model, resolve_inputs
+
+    with _step(f"Loading {args.model}"):
+        model = load_model(args.model)
+        inputs, kwargs = resolve_inputs(args.inputs, args.random_inputs)
+    return model, inputs, kwargs
+
+
+def _check_writable(path: str) -> None:
+    """Fail before the long work, not after it."""
+    from onnx_modular.loading import user_error
+
+    directory = Path(path).parent
+    if not directory.is_dir():
+        raise user_error(f"cannot write '{path}': directory '{directory}' does not exist")
+    if not os.access(directory, os.W_OK):
+        raise user_error(f"cannot write '{path}': directory '{directory}' is not writable")
+
+
+def _functions(args: argparse.Namespace) -> Any:
+    if args.flat or args.functions == "none":
+        return "none"
+    if args.functions == "all":
+        return "all"
+    return [f.strip() for f in args.functions.split(",") if f.strip()]
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    import onnx_modular as om
+    from onnx_modular.onnx_tree import summary
+
+    _check_writable(args.output)
+    for extra in (args.sarif, args.report):
+        if extra:
+            _check_writable(extra)
+    model, inputs, kwargs = _load(args)
+    start = time.perf_counter()
+    with _step("Exporting (capture, translate, outline, optimize)"):
+        result = om.export(model, inputs, kwargs or None, functions=_functions(args),
+                           dedupe=not args.no_dedupe, opset=args.opset)
+    with _step(f"Writing {args.output}"):
+        result.save(args.output)
+    elapsed = time.perf_counter() - start
+    if args.sarif:
+        from onnx_modular.diagnostics import write_sarif
+
+        write_sarif(list(result.diagnostics), args.sarif)
+    facts = summary(result.model_proto)
+    table = Table(title=f"Exported {args.output}", show_header=False)
+    for key, value in [
+        ("functions", facts["functions"]), ("function calls", facts["calls"]),
+        ("main graph nodes", facts["main_graph_nodes"]),
+        ("nodes in function bodies", facts["function_nodes"]),
+        ("file size", f"{Path(args.output).stat().st_size / 1e6:.2f} MB"),
+        ("time", f"{elapsed:.1f} s"),
+    ]:
+        table.add_row(key, str(value))
+    out.print(table)
+    if not args.validate:
+        return EXIT_OK
+    from onnx_modular.validate import run_validate
+
+    with _step("Validating against ONNX Runtime"):
+        code = run_validate(model, inputs, args.output, kwargs=kwargs,
+                            providers=_providers(args.providers), report=args.report,
+                            console=out)
+    return code
+
+
+def cmd_split(args: argparse.Namespace) -> int:
+    import onnx_modular as om
+
+    model, inputs, kwargs = _load(args)
+    with _step("Splitting"):
+        if args.split_points:
+            points = _parse_split_points(args.split_points)
+            parts = om.split_stages(model, inputs, split_points=points, kwargs=kwargs or None)
+        else:
+            if args.acc_ops:
+                from onnx_modular.operator_support import load_support_file
+
+                support: Any = load_support_file(args.acc_ops)
+            else:
+                support = args.acc_ep if args.acc_ep.startswith("ort:") else f"ort:{args.acc_ep}"
+            parts = om.split(model, inputs, support=support, kwargs=kwargs or None,
+                             min_acc_module_size=args.min_acc_size,
+                             max_acc_splits=args.max_acc_splits)
+    if args.preview and hasattr(parts, "preview"):
+        parts.preview(console=out)
+    with _step(f"Writing {args.output}"):
+        parts.save(args.output)
+    regions = getattr(parts, "regions", None) or getattr(parts, "stages", [])
+    out.print(f"{len(regions)} part(s) and manifest.json written to {args.output}")
+    return EXIT_OK
+
+
+def _parse_split_points(text: str) -> dict[str, str]:
+    from onnx_modular.loading import user_error
+
+    points: dict[str, str] = {}
+    for item in text.split(","):
+        path, _, where = item.strip().partition(":")
+        where = where or "beginning"
+        if not path or where not in ("beginning", "end"):
+            raise user_error(f"bad split point '{item}': expected PATH:beginning or PATH:end")
+        points[path] = where
+    return points
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from onnx_modular.onnx_tree import load_onnx
+    from onnx_modular.validate import run_validate
+
+    proto = load_onnx(args.onnx)  # a corrupt file fails here, before the model is built
+    model, inputs, kwargs = _load(args)
+    with _step("Validating against ONNX Runtime"):
+        return run_validate(model, inputs, proto, kwargs=kwargs,
+                            providers=_providers(args.providers), rtol=args.rtol,
+                            atol=args.atol, report=args.report, console=out)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from onnx_modular.compare import run_compare
+
+    inputs = None
+    if args.inputs:
+        from onnx_modular.loading import load_inputs
+
+        inputs = load_inputs(args.inputs)[0]
+    return run_compare(args.a, args.b, inputs, report=args.report, console=out)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from onnx_modular.onnx_tree import call_tree, function_table, load_onnx, summary
+
+    model = load_onnx(args.onnx, load_external_data=False)
+    if args.json:
+        out.print_json(json.dumps(summary(model)))
+        return EXIT_OK
+    out.print(call_tree(model))
+    if model.functions:
+        out.print(function_table(model))
+    facts = summary(model)
+    out.print(f"{facts['functions']} functions, {facts['calls']} calls, "
+              f"{facts['main_graph_nodes']} main-graph nodes, "
+              f"{facts['function_nodes']} nodes in function bodies")
+    return EXIT_OK
+
+
+COMMANDS = {"export": cmd_export, "split": cmd_split, "validate": cmd_validate,
+            "compare": cmd_compare, "inspect": cmd_inspect}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except (OnnxModularError, FileNotFoundError, PermissionError, IsADirectoryError) as e:
+        if args.debug:
+            raise
+        message = str(e) if isinstance(e, OnnxModularError) else f"error: {e}"
+        err.print(f"[bold red]{escape(message)}[/bold red]", highlight=False)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

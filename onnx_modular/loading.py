@@ -1,0 +1,141 @@
+"""Resolve the command line's MODEL and INPUTS specs into Python objects.
+
+A spec is ``package.module:attr`` or ``path/to/file.py:attr``. MODEL yields an ``nn.Module``
+(or a zero-argument callable returning one); INPUTS yields a tuple of tensors, one tensor,
+or ``(args, kwargs)``. ``--input 1x8:int64`` builds random inputs instead.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from onnx_modular.diagnostics import Diagnostic, Level, OnnxModularError, rules
+
+
+def user_error(message: str) -> OnnxModularError:
+    """A one-line error about what the user passed (rule OM0501)."""
+    return OnnxModularError(Diagnostic(rules.BAD_INPUT, Level.ERROR, message))
+
+
+def load_object(spec: str) -> Any:
+    """``module:attr`` or ``file.py:attr`` -> the attribute (dotted attrs allowed)."""
+    if ":" not in spec:
+        raise user_error(f"'{spec}' is not of the form package.module:attr or file.py:attr")
+    where, _, attr = spec.rpartition(":")
+    if where.endswith(".py") or os.sep in where or "/" in where:
+        module = _import_file(where)
+    else:
+        try:
+            module = importlib.import_module(where)
+        except Exception as e:  # an import can fail in any way; say which module and why
+            raise user_error(f"cannot import module '{where}': {type(e).__name__}: {e}") from e
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise user_error(f"'{where}' has no attribute '{attr}'")
+        obj = getattr(obj, part)
+    return obj
+
+
+def _import_file(path: str) -> Any:
+    file = Path(path)
+    if not file.is_file():
+        raise user_error(f"no such file: '{path}'")
+    name = f"_onnx_modular_user_{file.stem}"
+    spec = importlib.util.spec_from_file_location(name, file)
+    if spec is None or spec.loader is None:
+        raise user_error(f"cannot import '{path}' as a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    sys.path.insert(0, str(file.parent.resolve()))
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        sys.modules.pop(name, None)
+        raise user_error(f"cannot import '{path}': {type(e).__name__}: {e}") from e
+    finally:
+        sys.path.pop(0)
+    return module
+
+
+def load_model(spec: str) -> torch.nn.Module:
+    obj = load_object(spec)
+    if not isinstance(obj, torch.nn.Module) and callable(obj):  # a class or a factory
+        try:
+            obj = obj()
+        except Exception as e:
+            raise user_error(f"calling '{spec}' to build the model failed: "
+                             f"{type(e).__name__}: {e}") from e
+    if not isinstance(obj, torch.nn.Module):
+        raise user_error(f"'{spec}' is a {type(obj).__name__}, not an nn.Module")
+    return obj.eval()
+
+
+def load_inputs(spec: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    obj = load_object(spec)
+    if callable(obj) and not isinstance(obj, torch.Tensor):
+        try:
+            obj = obj()
+        except Exception as e:
+            raise user_error(f"calling '{spec}' to build the inputs failed: "
+                             f"{type(e).__name__}: {e}") from e
+    return normalize_inputs(obj, spec)
+
+
+def normalize_inputs(obj: Any, what: str = "inputs") -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if isinstance(obj, torch.Tensor):
+        return (obj,), {}
+    if (isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], (tuple, list))
+            and isinstance(obj[1], dict)):
+        return tuple(obj[0]), dict(obj[1])
+    if isinstance(obj, (tuple, list)):
+        return tuple(obj), {}
+    if isinstance(obj, dict):
+        return (), dict(obj)
+    raise user_error(f"{what} gave a {type(obj).__name__}; expected a tensor, a tuple of "
+                     "tensors, or (args, kwargs)")
+
+
+_DTYPES = {
+    "float32": torch.float32, "float": torch.float32, "float16": torch.float16,
+    "half": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,
+    "int64": torch.int64, "long": torch.int64, "int32": torch.int32, "int": torch.int32,
+    "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
+}
+
+
+def random_input(spec: str, seed: int = 0) -> torch.Tensor:
+    """``1x8:int64`` -> a seeded random tensor; integers lie in [0, 100)."""
+    shape_text, _, dtype_text = spec.partition(":")
+    dtype = _DTYPES.get(dtype_text or "float32")
+    if dtype is None:
+        raise user_error(f"unknown dtype '{dtype_text}' in --input '{spec}' "
+                         f"(one of {', '.join(sorted(_DTYPES))})")
+    try:
+        shape = [int(d) for d in shape_text.lower().split("x")] if shape_text else []
+    except ValueError:
+        raise user_error(f"bad shape '{shape_text}' in --input '{spec}' (e.g. 1x8)") from None
+    generator = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=generator).bool()
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=generator).to(dtype)
+    return torch.randint(0, 100, shape, generator=generator, dtype=dtype)
+
+
+def resolve_inputs(inputs: str | None, random_specs: list[str] | None,
+                   ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if inputs and random_specs:
+        raise user_error("give either --inputs or --input, not both")
+    if inputs:
+        return load_inputs(inputs)
+    if random_specs:
+        return tuple(random_input(s, seed=i) for i, s in enumerate(random_specs)), {}
+    raise user_error("no inputs: give --inputs SPEC or one --input SHAPE:DTYPE per input")

@@ -1,0 +1,98 @@
+"""Read a (hierarchical) ONNX file back: module/function tree and call counts, for ``inspect``."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+from pathlib import Path
+
+import onnx
+from rich.table import Table
+from rich.tree import Tree
+
+from onnx_modular.loading import user_error
+
+MODULE_PATH_KEY = "onnx_modular.module_path"
+
+
+def load_onnx(path: str | os.PathLike[str], load_external_data: bool = True) -> onnx.ModelProto:
+    """Load with a one-line error for a missing, unreadable or corrupt file."""
+    file = Path(path)
+    if not file.is_file():
+        raise user_error(f"no such ONNX file: '{file}'")
+    try:
+        return onnx.load(str(file), load_external_data=load_external_data)
+    except Exception as e:  # protobuf raises DecodeError and others for corrupt files
+        raise user_error(f"'{file}' is not a readable ONNX model: {type(e).__name__}: {e}") from e
+
+
+@dataclasses.dataclass
+class FunctionStats:
+    name: str
+    domain: str
+    nodes: int
+    calls: int
+
+
+def function_stats(model: onnx.ModelProto) -> list[FunctionStats]:
+    """Every local function with its body size and how often it is called, anywhere."""
+    calls: collections.Counter[tuple[str, str]] = collections.Counter()
+    for node in _all_nodes(model):
+        calls[(node.domain, node.op_type)] += 1
+    return [FunctionStats(f.name, f.domain, len(f.node), calls[(f.domain, f.name)])
+            for f in model.functions]
+
+
+def _all_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    nodes = list(model.graph.node)
+    for f in model.functions:
+        nodes.extend(f.node)
+    return nodes
+
+
+def call_tree(model: onnx.ModelProto, max_children: int = 64) -> Tree:
+    """The nesting of function calls as written, from the main graph down."""
+    functions = {(f.domain, f.name): f for f in model.functions}
+    root = Tree(f"[bold]{model.graph.name or 'main graph'}[/bold]  "
+                f"[dim]{len(model.graph.node)} nodes[/dim]")
+
+    def add(parent: Tree, nodes: list[onnx.NodeProto], depth: int) -> None:
+        shown = 0
+        for node in nodes:
+            body = functions.get((node.domain, node.op_type))
+            if body is None:
+                continue
+            if shown == max_children:
+                parent.add("[dim]...[/dim]")
+                return
+            shown += 1
+            meta = {p.key: p.value for p in node.metadata_props}
+            path = meta.get(MODULE_PATH_KEY, node.name)
+            branch = parent.add(f"[cyan]{path}[/cyan]: {body.name} [dim]({body.domain}, "
+                                f"{len(body.node)} nodes)[/dim]")
+            if depth < 32:
+                add(branch, list(body.node), depth + 1)
+
+    add(root, list(model.graph.node), 0)
+    return root
+
+
+def function_table(model: onnx.ModelProto) -> Table:
+    table = Table(title="Functions")
+    for column in ("function", "domain", "nodes", "calls"):
+        table.add_column(column, justify="right" if column in ("nodes", "calls") else "left")
+    for s in sorted(function_stats(model), key=lambda s: (-s.calls, s.name)):
+        table.add_row(s.name, s.domain, str(s.nodes), str(s.calls))
+    return table
+
+
+def summary(model: onnx.ModelProto) -> dict[str, int]:
+    stats = function_stats(model)
+    return {
+        "main_graph_nodes": len(model.graph.node),
+        "functions": len(stats),
+        "function_nodes": sum(s.nodes for s in stats),
+        "calls": sum(s.calls for s in stats),
+        "initializers": len(model.graph.initializer),
+    }
