@@ -1,0 +1,129 @@
+"""compare(): structure after inlining, numerics on the same inputs, exit codes 0/1/2."""
+
+from __future__ import annotations
+
+import json
+from io import StringIO
+
+import hand_hier
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper
+from rich.console import Console
+
+import onnx_modular as om
+from onnx_modular.compare import random_inputs, run_compare, topology_hash
+
+
+@pytest.fixture(scope="module")
+def twins() -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """A hierarchical model (shared functions) and the flat torch.onnx export of the same net."""
+    model, args = hand_hier.net()
+    hier = hand_hier.hierarchical(model)
+    flat = torch.onnx.export(model, args, dynamo=True, verbose=False).model_proto
+    return hier, flat
+
+
+def _console() -> tuple[Console, StringIO]:
+    out = StringIO()
+    return Console(file=out, width=120), out
+
+
+def test_hierarchical_and_flat_twin_are_equivalent(twins, tmp_path):
+    hier, flat = twins
+    rep = om.compare(hier, flat)
+    assert rep.equivalent and rep.exit_code == 0
+    assert rep.same_structure  # inlined, the two graphs are the same up to names
+    assert rep.a.functions == 2 and rep.b.functions == 0
+    assert rep.a.nodes == 3 + 3 + 1 and rep.a.inlined_nodes == rep.b.inlined_nodes == 9
+    assert rep.a.op_histogram == rep.b.op_histogram == {"Add": 3, "MatMul": 3, "Relu": 3}
+    assert rep.outputs[0].diff.max_abs == 0.0
+    assert rep.a.session_s > 0 and rep.b.run_s > 0 and rep.a.size_bytes > 0
+    data = json.loads(json.dumps(rep.to_dict()))
+    assert data["equivalent"] is True and data["a"]["topology"] == data["b"]["topology"]
+    assert "EQUIVALENT" in str(rep)
+    rep.save(tmp_path / "c.md")
+    assert "EQUIVALENT" in (tmp_path / "c.md").read_text()
+    # paths and export results work as well as ModelProtos; exit code 0 from the CLI helper
+    onnx.save(hier, tmp_path / "h.onnx")
+    console, _ = _console()
+    assert run_compare(tmp_path / "h.onnx", flat, console=console,
+                       report=tmp_path / "c.json") == 0
+    assert json.loads((tmp_path / "c.json").read_text())["equivalent"] is True
+
+
+def test_altered_model_differs(twins):
+    hier, flat = twins
+    model, _ = hand_hier.net()
+    altered = hand_hier.hierarchical(model, layer_ops={1: "Sub"})
+    rep = om.compare(altered, flat)
+    assert not rep.equivalent and rep.exit_code == 1
+    assert not rep.same_structure
+    assert rep.a.op_histogram["Sub"] == 1 and rep.a.op_histogram["Add"] == 2
+    assert "DIFFERENT" in rep.summary()
+    console, _ = _console()
+    assert run_compare(flat, altered, console=console) == 1
+    # a weight change keeps the structure but not the numbers
+    scaled = hand_hier.hierarchical(model, weight_scale={2: 1.01})
+    rep = om.compare(hier, scaled)
+    assert rep.same_structure and not rep.equivalent
+
+
+def test_corrupt_and_missing_files_exit_2(twins, tmp_path):
+    hier, _ = twins
+    corrupt = tmp_path / "corrupt.onnx"
+    corrupt.write_bytes(b"\x08\x07not an onnx file" * 16)
+    console, out = _console()
+    assert run_compare(hier, corrupt, console=console) == 2
+    assert run_compare(tmp_path / "missing.onnx", hier, console=console) == 2
+    text = out.getvalue()
+    assert "corrupt.onnx" in text and "missing.onnx" in text and "Traceback" not in text
+    with pytest.raises(om.OnnxModularError) as e:
+        om.compare(hier, corrupt)
+    assert "\n" not in str(e.value)
+
+
+def test_signature_mismatch_and_given_inputs(twins):
+    hier, flat = twins
+    other = helper.make_model(helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.INT64, [2, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, [2, 8])]))
+    rep = om.compare(hier, other)
+    assert not rep.equivalent and "input signatures differ" in rep.reasons[0]
+    x = np.random.default_rng(1).standard_normal((2, 8)).astype(np.float32)
+    assert om.compare(hier, flat, [x]).equivalent
+    assert om.compare(hier, flat, {"x": torch.from_numpy(x)}).equivalent
+    with pytest.raises(om.OnnxModularError, match="inputs lack"):
+        om.compare(hier, flat, {"y": x})
+    with pytest.raises(om.OnnxModularError, match="take 1 input"):
+        om.compare(hier, flat, [x, x])
+
+
+def test_random_inputs_from_declared_types():
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["a"], ["y"])], "g",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["batch", "s0 + 1", 3]),
+         helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", None]),
+         helper.make_tensor_value_info("mask", TensorProto.BOOL, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    feeds = random_inputs(helper.make_model(graph))
+    assert feeds["a"].shape == (4, 5, 3) and feeds["a"].dtype == np.float32
+    assert feeds["ids"].shape == (4, 4) and feeds["ids"].dtype == np.int64
+    assert set(np.unique(feeds["ids"])) <= {0, 1}
+    assert feeds["mask"].dtype == np.bool_
+
+
+def test_topology_hash_ignores_names(twins):
+    hier, _ = twins
+    renamed = onnx.ModelProto()
+    renamed.CopyFrom(hier)
+    for node in renamed.graph.node:
+        node.name = "renamed_" + node.name
+    mapping = {"add_0": "zzz", "add_1": "yyy"}
+    for node in renamed.graph.node:
+        node.input[:] = [mapping.get(n, n) for n in node.input]
+        node.output[:] = [mapping.get(n, n) for n in node.output]
+    assert topology_hash(renamed) == topology_hash(hier)
