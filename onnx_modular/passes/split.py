@@ -1,0 +1,500 @@
+"""Split: partition a flat FX graph into alternating accelerator and CPU regions.
+
+Behaviour follows torch.fx's ``splitter_base`` (acc nodes that exchange non-tensor values with
+CPU nodes fall back to CPU unless ``allow_non_tensor``; nodes linked by non-tensor values form
+fusion groups that stay in one region unless ``skip_fusion``; regions grow greedily in
+dependency order, alternating kinds; acc regions below ``min_acc_module_size`` nodes merge into
+CPU; ``max_acc_splits`` caps the number of regions). The algorithms are written for size:
+one worklist for the non-tensor fallback, union-find for fusion groups, Kahn's algorithm with a
+heap per kind for the grouping, so the pass is O(n log n) in nodes and edges (the convex
+closure of a fusion group walks only the span between its first and last member).
+
+The result is a GraphModule whose top graph calls one sub-GraphModule per region
+(``_run_on_acc_0``, ``_run_on_cpu_1``, ...); the plan (:class:`SplitPlan`) rides along in
+``graph_module.meta["onnx_modular.split_plan"]``.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import heapq
+import operator
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.fx
+
+from onnx_modular.diagnostics import DiagnosticContext, Location, rules
+from onnx_modular.operator_support import (
+    CALLABLE_OPS,
+    OperatorSupport,
+    SupportContext,
+    node_op_name,
+    resolve_support,
+)
+from onnx_modular.passes.infra import PassBase, PassConditionError, PassResult
+
+PLAN_META_KEY = "onnx_modular.split_plan"
+ACC_PREFIX = "_run_on_acc_"
+CPU_PREFIX = "_run_on_cpu_"
+
+
+@dataclasses.dataclass
+class RegionPlan:
+    """One region: its FX nodes (graph order) and the values crossing its border."""
+
+    name: str
+    is_acc: bool
+    node_names: tuple[str, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    input_bytes: int = 0
+    output_bytes: int = 0
+
+    @property
+    def kind(self) -> str:
+        return "acc" if self.is_acc else "cpu"
+
+
+@dataclasses.dataclass
+class SplitPlan:
+    """What the pass decided, and the numbers the previews show."""
+
+    regions: list[RegionPlan]
+    supported_ops: dict[str, int]
+    unsupported_ops: dict[str, int]
+    fallback_nodes: dict[str, str]  # supported node -> why it still runs on CPU
+    regions_before_merge: tuple[int, int]  # (acc, cpu) before small acc regions merged
+
+    def region_of(self) -> dict[str, str]:
+        """FX node name -> region name."""
+        return {n: r.name for r in self.regions for n in r.node_names}
+
+
+def is_tensor_node(node: torch.fx.Node) -> bool:
+    return isinstance(node.meta.get("val"), torch.Tensor)
+
+
+def value_bytes(node: torch.fx.Node) -> int:
+    """Bytes of the node's value from its fake tensor(s); 0 when unknown or symbolic."""
+    def size(v: Any) -> int:
+        if isinstance(v, torch.Tensor):
+            try:
+                return int(v.numel()) * v.element_size()
+            except Exception:  # symbolic sizes
+                return 0
+        if isinstance(v, (list, tuple)):
+            return sum(size(x) for x in v)
+        return 0
+
+    return size(node.meta.get("val"))
+
+
+def _is_guard(node: torch.fx.Node) -> bool:
+    """``ep.module()`` adds a ``_guards_fn`` call that checks inputs; it stays at top level."""
+    return node.op == "call_module" and str(node.target).startswith("_guards_fn")
+
+
+class _UnionFind:
+    def __init__(self) -> None:
+        self.parent: dict[torch.fx.Node, torch.fx.Node] = {}
+
+    def find(self, x: torch.fx.Node) -> torch.fx.Node:
+        root = x
+        while self.parent.get(root, root) is not root:
+            root = self.parent[root]
+        while x is not root:
+            self.parent[x], x = root, self.parent.get(x, x)
+        return root
+
+    def union(self, a: torch.fx.Node, b: torch.fx.Node) -> torch.fx.Node:
+        ra, rb = self.find(a), self.find(b)
+        if ra is not rb:
+            self.parent[rb] = ra
+        return ra
+
+
+# ---- planning --------------------------------------------------------------------------------
+
+def _non_tensor_fallback(callables: list[torch.fx.Node], acc: set[torch.fx.Node],
+                         fallback: dict[str, str]) -> None:
+    """Move to CPU every acc node that would pass a non-tensor value to or from a CPU node."""
+    work: collections.deque[torch.fx.Node] = collections.deque()
+    for n in callables:
+        if n not in acc:
+            work.append(n)
+        elif not is_tensor_node(n) and any(u.op == "output" for u in n.users):
+            acc.discard(n)
+            fallback[n.name] = "non-tensor output of the graph"
+            work.append(n)
+    while work:
+        n = work.popleft()
+        if not is_tensor_node(n):
+            for u in n.users:
+                if u in acc:
+                    acc.discard(u)
+                    fallback[u.name] = f"non-tensor input from CPU node '{n.name}'"
+                    work.append(u)
+        for a in n.all_input_nodes:
+            if a in acc and not is_tensor_node(a):
+                acc.discard(a)
+                fallback[a.name] = f"non-tensor output to CPU node '{n.name}'"
+                work.append(a)
+
+
+def _fusion_groups(callables: list[torch.fx.Node], index: dict[torch.fx.Node, int]
+                   ) -> list[list[torch.fx.Node]]:
+    """Groups of nodes linked by non-tensor values, closed under paths between members."""
+    uf = _UnionFind()
+    callable_set = set(callables)
+    grouped: set[torch.fx.Node] = set()
+    for n in callables:
+        if not is_tensor_node(n):
+            for u in n.users:
+                if u in callable_set:
+                    uf.union(n, u)
+                    grouped.update((n, u))
+    members: dict[torch.fx.Node, set[torch.fx.Node]] = {}
+    for n in grouped:
+        members.setdefault(uf.find(n), set()).add(n)
+
+    pending = list(members)
+    while pending:
+        root = uf.find(pending.pop())
+        group = members.get(root)
+        if group is None:
+            continue
+        lo, hi = min(index[m] for m in group), max(index[m] for m in group)
+        forward, stack = set(group), list(group)
+        while stack:
+            for u in stack.pop().users:
+                if u not in forward and u in callable_set and index[u] <= hi:
+                    forward.add(u)
+                    stack.append(u)
+        backward, stack = set(group), list(group)
+        while stack:
+            for a in stack.pop().all_input_nodes:
+                if a not in backward and a in callable_set and index[a] >= lo:
+                    backward.add(a)
+                    stack.append(a)
+        extra = (forward & backward) - group
+        if not extra:
+            continue
+        merged = set(group)
+        del members[root]
+        for n in extra:
+            if n in grouped:
+                merged |= members.pop(uf.find(n), set())
+            merged.add(n)
+        for n in merged:
+            uf.union(root, n)
+        grouped |= merged
+        root = uf.find(root)
+        members[root] = merged
+        pending.append(root)
+    return [sorted(g, key=index.__getitem__) for g in members.values()]
+
+
+def _group_regions(callables: list[torch.fx.Node], acc: set[torch.fx.Node],
+                   unit_of: dict[torch.fx.Node, int], units: list[list[torch.fx.Node]]
+                   ) -> list[tuple[bool, list[torch.fx.Node]]]:
+    """Kahn's algorithm over units, taking ready units of the current kind until none is left."""
+    callable_set = set(callables)
+    n_units = len(units)
+    indegree = [0] * n_units
+    successors: list[set[int]] = [set() for _ in range(n_units)]
+    for u_id, unit in enumerate(units):
+        for n in unit:
+            for user in n.users:
+                if user in callable_set:
+                    v_id = unit_of[user]
+                    if v_id != u_id and v_id not in successors[u_id]:
+                        successors[u_id].add(v_id)
+                        indegree[v_id] += 1
+    is_acc = [units[i][0] in acc for i in range(n_units)]
+    ready: dict[bool, list[int]] = {True: [], False: []}
+    for i in range(n_units):  # unit ids follow graph order, so ids are the heap keys
+        if indegree[i] == 0:
+            heapq.heappush(ready[is_acc[i]], i)
+    kind = not ready[False]  # start on CPU when a CPU node is ready, as splitter_base does
+    regions: list[tuple[bool, list[torch.fx.Node]]] = []
+    current: list[torch.fx.Node] = []
+    while ready[True] or ready[False]:
+        if not ready[kind]:
+            if current:
+                regions.append((kind, current))
+                current = []
+            kind = not kind
+            continue
+        u_id = heapq.heappop(ready[kind])
+        current.extend(units[u_id])
+        for v_id in successors[u_id]:
+            indegree[v_id] -= 1
+            if indegree[v_id] == 0:
+                heapq.heappush(ready[is_acc[v_id]], v_id)
+    if current:
+        regions.append((kind, current))
+    return regions
+
+
+def _merge_small_acc(regions: list[tuple[bool, list[torch.fx.Node]]], min_size: int
+                     ) -> list[tuple[bool, list[torch.fx.Node]]]:
+    """Acc regions under ``min_size`` nodes join the CPU region before them (or become CPU)."""
+    result: list[tuple[bool, list[torch.fx.Node]]] = []
+    for is_acc, nodes in regions:
+        if is_acc and len(nodes) < min_size:
+            is_acc = False
+        if result and result[-1][0] == is_acc:
+            result[-1][1].extend(nodes)
+        else:
+            result.append((is_acc, list(nodes)))
+    return result
+
+
+def plan_split(graph_module: torch.fx.GraphModule, support: OperatorSupport, *,
+               context: SupportContext | None = None, min_acc_module_size: int = 1,
+               allow_non_tensor: bool = False, skip_fusion: bool = False) -> SplitPlan:
+    """Decide the regions of ``graph_module`` (no graph is changed)."""
+    nodes = list(graph_module.graph.nodes)
+    index = {n: i for i, n in enumerate(nodes)}
+    callables = [n for n in nodes if n.op in CALLABLE_OPS and not _is_guard(n)]
+    supported_ops: collections.Counter[str] = collections.Counter()
+    unsupported_ops: collections.Counter[str] = collections.Counter()
+    acc: set[torch.fx.Node] = set()
+    for n in callables:
+        if support.is_node_supported(n, context):
+            acc.add(n)
+            supported_ops[node_op_name(n)] += 1
+        else:
+            unsupported_ops[node_op_name(n)] += 1
+    fallback: dict[str, str] = {}
+    if not allow_non_tensor:
+        _non_tensor_fallback(callables, acc, fallback)
+
+    groups = [] if skip_fusion else _fusion_groups(callables, index)
+    unit_of: dict[torch.fx.Node, int] = {}
+    grouped: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for g in groups:
+        if not all(m in acc for m in g):
+            culprit = next(m for m in g if m not in acc)
+            for m in g:
+                if m in acc:
+                    acc.discard(m)
+                    fallback[m.name] = f"fusion group with CPU node '{culprit.name}'"
+        for m in g:
+            grouped[m] = g
+    units: list[list[torch.fx.Node]] = []
+    for n in callables:
+        if n in unit_of:
+            continue
+        members = grouped.get(n, [n])
+        for m in members:
+            unit_of[m] = len(units)
+        units.append(members)
+
+    raw = _group_regions(callables, acc, unit_of, units)
+    before = (sum(1 for a, _ in raw if a), sum(1 for a, _ in raw if not a))
+    merged = _merge_small_acc(raw, min_acc_module_size)
+    regions = _describe_regions(merged, index)
+    return SplitPlan(regions, dict(supported_ops), dict(unsupported_ops), fallback, before)
+
+
+def _describe_regions(merged: list[tuple[bool, list[torch.fx.Node]]],
+                      index: dict[torch.fx.Node, int]) -> list[RegionPlan]:
+    region_of: dict[torch.fx.Node, int] = {}
+    for r, (_, ns) in enumerate(merged):
+        for n in ns:
+            region_of[n] = r
+    plans = []
+    for r, (is_acc, ns) in enumerate(merged):
+        ns = sorted(ns, key=index.__getitem__)
+        inputs: dict[torch.fx.Node, None] = {}
+        outputs: list[torch.fx.Node] = []
+        for n in ns:
+            for a in n.all_input_nodes:
+                if region_of.get(a) != r and a.op != "get_attr":
+                    inputs.setdefault(a, None)
+            if any(region_of.get(u) != r for u in n.users):
+                outputs.append(n)
+        name = f"{ACC_PREFIX if is_acc else CPU_PREFIX}{r}"
+        plans.append(RegionPlan(
+            name, is_acc, tuple(n.name for n in ns), tuple(a.name for a in inputs),
+            tuple(o.name for o in outputs), sum(value_bytes(a) for a in inputs),
+            sum(value_bytes(o) for o in outputs)))
+    return plans
+
+
+# ---- building the split module ---------------------------------------------------------------
+
+def _fetch_attr(module: torch.nn.Module, target: str) -> Any:
+    obj: Any = module
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def build_split_module(graph_module: torch.fx.GraphModule, plan: SplitPlan
+                       ) -> torch.fx.GraphModule:
+    """A top graph calling one sub-GraphModule per region; parameters live where used."""
+    by_name = {n.name: n for n in graph_module.graph.nodes}
+    top = torch.fx.Graph()
+    top._codegen = graph_module.graph._codegen  # same pytree calling convention
+    root: dict[str, Any] = {}
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+
+    def top_arg(a: torch.fx.Node) -> torch.fx.Node:
+        if a not in env and a.op == "get_attr":
+            env[a] = top.node_copy(a)
+            root[str(a.target)] = _fetch_attr(graph_module, str(a.target))
+        return env[a]
+
+    for n in graph_module.graph.nodes:
+        if n.op == "placeholder":
+            env[n] = top.node_copy(n)
+        elif _is_guard(n):
+            env[n] = top.node_copy(n, top_arg)
+            root[str(n.target)] = _fetch_attr(graph_module, str(n.target))
+
+    for region in plan.regions:
+        sub = torch.fx.Graph()
+        sub_root: dict[str, Any] = {}
+        sub_env: dict[torch.fx.Node, torch.fx.Node] = {}
+        for name in region.inputs:
+            src = by_name[name]
+            ph = sub.placeholder(name)
+            ph.meta = dict(src.meta)
+            sub_env[src] = ph
+
+        def sub_arg(a: torch.fx.Node, sub_env: dict = sub_env, sub: torch.fx.Graph = sub,
+                    sub_root: dict = sub_root) -> torch.fx.Node:
+            if a not in sub_env and a.op == "get_attr":
+                sub_env[a] = sub.node_copy(a)
+                sub_root[str(a.target)] = _fetch_attr(graph_module, str(a.target))
+            return sub_env[a]
+
+        for name in region.node_names:
+            node = by_name[name]
+            sub_env[node] = sub.node_copy(node, sub_arg)
+        sub.output(tuple(sub_env[by_name[o]] for o in region.outputs))
+        root[region.name] = torch.fx.GraphModule(sub_root, sub, class_name=region.name)
+        call = top.call_module(region.name, tuple(top_arg(by_name[i]) for i in region.inputs))
+        for k, o in enumerate(region.outputs):
+            item = top.create_node("call_function", operator.getitem, (call, k), name=o)
+            item.meta = dict(by_name[o].meta)
+            env[by_name[o]] = item
+
+    for n in graph_module.graph.nodes:
+        if n.op == "output":
+            top.node_copy(n, top_arg)
+    split_gm = torch.fx.GraphModule(root, top, class_name="SplitModule")
+    split_gm.meta[PLAN_META_KEY] = plan
+    return split_gm
+
+
+# ---- the pass --------------------------------------------------------------------------------
+
+class SplitPass(PassBase):
+    """Plan acc/CPU regions with ``support`` and build the split GraphModule."""
+
+    def __init__(self, support: Any, *, context: SupportContext | None = None,
+                 min_acc_module_size: int = 1, max_acc_splits: int = -1,
+                 allow_non_tensor: bool = False, skip_fusion: bool = False) -> None:
+        self.support = resolve_support(support)
+        self.context = context
+        self.min_acc_module_size = min_acc_module_size
+        self.max_acc_splits = max_acc_splits
+        self.allow_non_tensor = allow_non_tensor
+        self.skip_fusion = skip_fusion
+        self.plan: SplitPlan | None = None
+
+    def requires(self, graph_module: torch.fx.GraphModule) -> None:
+        for name, value in (("min_acc_module_size", self.min_acc_module_size),
+                            ("max_acc_splits", self.max_acc_splits)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise PassConditionError(f"{name} must be an int, got {value!r}")
+        if not any(n.op in CALLABLE_OPS and not _is_guard(n) for n in graph_module.graph.nodes):
+            raise PassConditionError("a graph with at least one operator (nothing to split)")
+        if any(n.op == "call_module" and not _is_guard(n) for n in graph_module.graph.nodes):
+            raise PassConditionError("a flat graph (no call_module nodes); split the program "
+                                     "before modularizing it")
+
+    def ensures(self, graph_module: torch.fx.GraphModule) -> None:
+        plan = graph_module.meta[PLAN_META_KEY]
+        for a, b in zip(plan.regions, plan.regions[1:]):
+            if a.is_acc == b.is_acc:
+                raise PassConditionError(f"alternating regions ({a.name} and {b.name} are "
+                                         "of one kind)")
+        for r in plan.regions:
+            if not r.node_names:
+                raise PassConditionError(f"no empty region ({r.name} is empty)")
+
+    def call(self, graph_module: torch.fx.GraphModule, ctx: DiagnosticContext) -> PassResult:
+        plan = plan_split(graph_module, self.support, context=self.context,
+                          min_acc_module_size=self.min_acc_module_size,
+                          allow_non_tensor=self.allow_non_tensor, skip_fusion=self.skip_fusion)
+        self.plan = plan
+        report_plan(plan, ctx, graph_module)
+        n_acc = sum(r.is_acc for r in plan.regions)
+        if 0 < self.max_acc_splits < len(plan.regions):
+            raise ctx.error(rules.SPLIT_LIMIT, reason=(
+                f"the split needs {len(plan.regions)} regions ({n_acc} acc, "
+                f"{len(plan.regions) - n_acc} cpu), more than max_acc_splits="
+                f"{self.max_acc_splits}; allow more splits, support more ops, or raise "
+                "min_acc_module_size to merge small acc regions into CPU"))
+        return PassResult(build_split_module(graph_module, plan), True)
+
+
+def report_plan(plan: SplitPlan, ctx: DiagnosticContext,
+                graph_module: torch.fx.GraphModule | None = None) -> None:
+    """The support and split previews, as notes."""
+    def top(counter: dict[str, int]) -> str:
+        items = sorted(counter.items(), key=lambda kv: (-kv[1], kv[0]))
+        return ", ".join(f"{k} x{v}" for k, v in items) or "none"
+
+    n_sup, n_uns = sum(plan.supported_ops.values()), sum(plan.unsupported_ops.values())
+    ctx.note(rules.SUPPORT_PREVIEW, reason=(
+        f"{n_sup} of {n_sup + n_uns} node(s) supported; supported: {top(plan.supported_ops)}; "
+        f"unsupported: {top(plan.unsupported_ops)}"))
+    if plan.fallback_nodes:
+        by_name = {n.name: n for n in graph_module.graph.nodes} if graph_module else {}
+        for name, why in plan.fallback_nodes.items():
+            node = by_name.get(name)
+            ctx.note(rules.SUPPORT_PREVIEW, Location.of_node(node) if node is not None
+                     else Location(fx_node=name), reason=f"supported node runs on CPU: {why}")
+    acc_before, cpu_before = plan.regions_before_merge
+    n_acc = sum(r.is_acc for r in plan.regions)
+    ctx.note(rules.SPLIT_PREVIEW, reason=(
+        f"{acc_before + cpu_before} region(s) ({acc_before} acc, {cpu_before} cpu) before "
+        f"merging small acc regions, {len(plan.regions)} ({n_acc} acc, "
+        f"{len(plan.regions) - n_acc} cpu) after"))
+    for r in plan.regions:
+        ctx.note(rules.SPLIT_PREVIEW, reason=(
+            f"{r.name}: {len(r.node_names)} node(s), {len(r.inputs)} input(s) "
+            f"({r.input_bytes} bytes), {len(r.outputs)} output(s) ({r.output_bytes} bytes)"))
+
+
+def print_preview(plan: SplitPlan, console: Any = None) -> None:
+    """Print the support and region tables (rich)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    support = Table(title="Operator support")
+    for col in ("operator", "supported", "nodes"):
+        support.add_column(col, justify="right" if col == "nodes" else "left")
+    rows: Iterable[tuple[str, bool, int]] = sorted(
+        [(k, True, v) for k, v in plan.supported_ops.items()]
+        + [(k, False, v) for k, v in plan.unsupported_ops.items()],
+        key=lambda t: (t[1], -t[2], t[0]))
+    for op, ok, count in rows:
+        support.add_row(op, "yes" if ok else "[red]no[/red]", str(count))
+    console.print(support)
+    regions = Table(title="Regions")
+    for col in ("region", "kind", "nodes", "inputs", "outputs", "input bytes", "output bytes"):
+        regions.add_column(col, justify="left" if col in ("region", "kind") else "right")
+    for r in plan.regions:
+        regions.add_row(r.name, r.kind, str(len(r.node_names)), str(len(r.inputs)),
+                        str(len(r.outputs)), str(r.input_bytes), str(r.output_bytes))
+    console.print(regions)
