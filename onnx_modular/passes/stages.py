@@ -1,0 +1,204 @@
+"""Pipeline stages: where the graph is cut, as a partition id for every FX node.
+
+Three ways to say it, as in PiPPy and ``split_module``:
+
+- ``pipe_split()`` markers inside ``forward`` (a registered no-op that ``torch.export`` keeps),
+- ``split_points={"h.4": "beginning", "h.9": "end"}`` at module boundaries,
+- a ``node -> int`` callback.
+
+The result is a :class:`StageAssignment` on the captured (not yet decomposed) program; the
+emitter carries it to the decomposed nodes through their ``from_node`` provenance.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable, Mapping
+
+import torch
+import torch.fx
+
+from onnx_modular.diagnostics import DiagnosticContext, Location, rules
+
+_LIB = torch.library.Library("onnx_modular", "FRAGMENT")
+_LIB.define("pipe_split() -> ()")
+_LIB.impl("pipe_split", lambda: None, "CompositeExplicitAutograd")
+torch.fx.node.has_side_effect(torch.ops.onnx_modular.pipe_split.default)
+
+
+def pipe_split() -> None:
+    """Mark a stage boundary inside ``forward``; does nothing when the model runs."""
+    torch.ops.onnx_modular.pipe_split()
+
+
+def is_marker(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and node.target in (
+        torch.ops.onnx_modular.pipe_split.default, torch.ops.onnx_modular.pipe_split)
+
+
+@dataclasses.dataclass
+class StageAssignment:
+    """FX node name -> stage index (0-based, in execution order) for every compute node."""
+
+    stage_of: dict[str, int]
+    count: int
+    how: str  # "markers", "split_points" or "callback", for reports
+
+    def nodes_of(self, stage: int) -> list[str]:
+        return [n for n, s in self.stage_of.items() if s == stage]
+
+
+def _compute_nodes(graph: torch.fx.Graph, markers: bool = False) -> list[torch.fx.Node]:
+    return [n for n in graph.nodes if n.op in ("call_function", "call_method", "call_module")
+            and (markers or not is_marker(n))]
+
+
+def _paths_of(node: torch.fx.Node) -> set[str]:
+    stack = node.meta.get("nn_module_stack") or {}
+    return {str(v[0]) if isinstance(v, tuple) else str(k) for k, v in stack.items()}
+
+
+def from_markers(ep: torch.export.ExportedProgram) -> StageAssignment:
+    """Stage k holds the nodes after the k-th ``pipe_split()`` marker."""
+    stage, result = 0, {}
+    for node in _compute_nodes(ep.graph, markers=True):
+        if is_marker(node):
+            stage += 1
+            continue
+        result[node.name] = stage
+    return _renumbered(result, "markers")
+
+
+_WHERE = ("beginning", "end")
+
+
+def from_split_points(ep: torch.export.ExportedProgram, split_points: Mapping[str, object],
+                      ctx: DiagnosticContext | None = None,
+                      module_names: set[str] | None = None) -> StageAssignment:
+    """Cut before a module's first node ("beginning") or after its last node ("end").
+
+    ``module_names`` (the model's ``named_modules()``) tells a typo from a module that never
+    runs; without it, the modules seen in the graph are all that is known.
+    """
+    ctx = ctx if ctx is not None else DiagnosticContext()
+    nodes = _compute_nodes(ep.graph)
+    known = module_names if module_names is not None else {
+        p for n in nodes for p in _paths_of(n)}
+    cuts: list[int] = []
+    for path, where in split_points.items():
+        where = str(getattr(where, "name", where)).lower()  # PiPPy-like enums too
+        if where not in _WHERE:
+            raise ctx.error(rules.SPLIT_POINT, Location(module_path=path), reason=(
+                f"split point '{path}': '{where}' is not one of {', '.join(_WHERE)}"))
+        positions = [i for i, n in enumerate(nodes) if path in _paths_of(n)]
+        if not positions:
+            if path not in known:
+                raise ctx.error(rules.SPLIT_POINT, Location(module_path=path), reason=(
+                    f"split point '{path}' names no module of the model"))
+            raise ctx.error(rules.SPLIT_POINT, Location(module_path=path), reason=(
+                f"split point '{path}': the module never runs on these inputs"))
+        cuts.append(positions[0] if where == "beginning" else positions[-1] + 1)
+    cut_set = sorted({c for c in cuts if 0 < c < len(nodes)})
+    stage, result, k = 0, {}, 0
+    for i, node in enumerate(nodes):
+        while k < len(cut_set) and cut_set[k] == i:
+            stage, k = stage + 1, k + 1
+        result[node.name] = stage
+    return _renumbered(result, "split_points")
+
+
+def from_callback(ep: torch.export.ExportedProgram, callback: Callable[[torch.fx.Node], int],
+                  ctx: DiagnosticContext | None = None) -> StageAssignment:
+    """``split_module`` semantics: any ids, stages ordered so data only flows forward."""
+    ctx = ctx if ctx is not None else DiagnosticContext()
+    raw: dict[torch.fx.Node, int] = {}
+    for node in _compute_nodes(ep.graph):
+        try:
+            raw[node] = int(callback(node))
+        except Exception as e:
+            raise ctx.error(rules.SPLIT_POINT, Location.of_node(node), reason=(
+                f"the split callback failed on node '{node.name}': {type(e).__name__}: {e}")
+            ) from e
+    order = _partition_order(raw, ctx)
+    rank = {pid: i for i, pid in enumerate(order)}
+    return StageAssignment({n.name: rank[p] for n, p in raw.items()}, len(order), "callback")
+
+
+def _partition_order(raw: dict[torch.fx.Node, int], ctx: DiagnosticContext) -> list[int]:
+    """Partitions in dependency order, first appearance breaking ties; a cycle is an error."""
+    first_seen: dict[int, int] = {}
+    deps: dict[int, set[int]] = {}
+    for i, (node, pid) in enumerate(raw.items()):
+        first_seen.setdefault(pid, i)
+        deps.setdefault(pid, set())
+        for arg in node.all_input_nodes:
+            src = raw.get(arg)
+            if src is not None and src != pid:
+                deps[pid].add(src)
+    order: list[int] = []
+    state: dict[int, int] = {}  # 1 visiting, 2 done
+
+    def visit(pid: int, trail: list[int]) -> None:
+        if state.get(pid) == 2:
+            return
+        if state.get(pid) == 1:
+            cycle = " -> ".join(str(p) for p in [*trail[trail.index(pid):], pid])
+            raise ctx.error(rules.SPLIT_POINT, reason=(
+                f"the split callback's partitions depend on each other in a cycle: {cycle}"))
+        state[pid] = 1
+        for dep in sorted(deps[pid], key=first_seen.__getitem__):
+            visit(dep, [*trail, pid])
+        state[pid] = 2
+        order.append(pid)
+
+    for pid in sorted(deps, key=first_seen.__getitem__):
+        visit(pid, [])
+    return order
+
+
+def _renumbered(stage_of: dict[str, int], how: str) -> StageAssignment:
+    """Drop empty stages (two markers in a row, a cut at the very start)."""
+    used = sorted(set(stage_of.values()))
+    rank = {s: i for i, s in enumerate(used)}
+    return StageAssignment({n: rank[s] for n, s in stage_of.items()}, len(used), how)
+
+
+def without_markers(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """A copy of the program with the markers erased, ready to translate."""
+    if not any(is_marker(n) for n in ep.graph.nodes):
+        return ep
+    ep = copy.deepcopy(ep)
+    for node in [n for n in ep.graph.nodes if is_marker(n)]:
+        ep.graph.erase_node(node)
+    ep.graph_module.recompile()
+    return ep
+
+
+def decomposed_assignment(assignment: StageAssignment,
+                          decomposed: torch.export.ExportedProgram) -> StageAssignment:
+    """Carry stages to the decomposed program's nodes through ``from_node`` provenance."""
+    result: dict[str, int] = {}
+    last = 0
+    for node in _compute_nodes(decomposed.graph):
+        stage = assignment.stage_of.get(node.name)
+        if stage is None:
+            for source in node.meta.get("from_node") or []:
+                stage = _stage_of_source(source, assignment.stage_of)
+                if stage is not None:
+                    break
+        if stage is None:  # created by a pass with no provenance: stays with its producer
+            stage = max((result.get(a.name, 0) for a in node.all_input_nodes), default=last)
+        result[node.name] = last = stage
+    return StageAssignment(result, assignment.count, assignment.how)
+
+
+def _stage_of_source(source: object, stage_of: dict[str, int]) -> int | None:
+    name = getattr(source, "name", None)
+    if name in stage_of:
+        return stage_of[name]
+    for parent in getattr(source, "from_node", None) or []:
+        found = _stage_of_source(parent, stage_of)
+        if found is not None:
+            return found
+    return None
