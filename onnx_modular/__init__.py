@@ -12,7 +12,10 @@ from onnx_modular.diagnostics import (
     Rule,
     to_sarif,
 )
+from onnx_modular.operator_support import OperatorSupport
 from onnx_modular.passes.modularize import CallInfo, modularize, module_call_chains
+from onnx_modular.runner import SplitRunner
+from onnx_modular.split_api import SplitResult, split
 from onnx_modular.validate import ValidationReport, validate
 
 __all__ = [
@@ -23,9 +26,13 @@ __all__ = [
     "Level",
     "Location",
     "OnnxModularError",
+    "OperatorSupport",
     "Rule",
+    "SplitResult",
+    "SplitRunner",
     "modularize",
     "module_call_chains",
+    "split",
     "ValidationReport",
     "compare",
     "to_sarif",

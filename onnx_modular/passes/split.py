@@ -42,7 +42,7 @@ CPU_PREFIX = "_run_on_cpu_"
 
 
 @dataclasses.dataclass
-class RegionPlan:
+class Region:
     """One region: its FX nodes (graph order) and the values crossing its border."""
 
     name: str
@@ -62,7 +62,7 @@ class RegionPlan:
 class SplitPlan:
     """What the pass decided, and the numbers the previews show."""
 
-    regions: list[RegionPlan]
+    regions: list[Region]
     supported_ops: dict[str, int]
     unsupported_ops: dict[str, int]
     fallback_nodes: dict[str, str]  # supported node -> why it still runs on CPU
@@ -302,7 +302,7 @@ def plan_split(graph_module: torch.fx.GraphModule, support: OperatorSupport, *,
 
 
 def _describe_regions(merged: list[tuple[bool, list[torch.fx.Node]]],
-                      index: dict[torch.fx.Node, int]) -> list[RegionPlan]:
+                      index: dict[torch.fx.Node, int]) -> list[Region]:
     region_of: dict[torch.fx.Node, int] = {}
     for r, (_, ns) in enumerate(merged):
         for n in ns:
@@ -319,7 +319,7 @@ def _describe_regions(merged: list[tuple[bool, list[torch.fx.Node]]],
             if any(region_of.get(u) != r for u in n.users):
                 outputs.append(n)
         name = f"{ACC_PREFIX if is_acc else CPU_PREFIX}{r}"
-        plans.append(RegionPlan(
+        plans.append(Region(
             name, is_acc, tuple(n.name for n in ns), tuple(a.name for a in inputs),
             tuple(o.name for o in outputs), sum(value_bytes(a) for a in inputs),
             sum(value_bytes(o) for o in outputs)))

@@ -1,0 +1,174 @@
+"""Run a directory of part models (split regions or pipeline stages) in ONNX Runtime, chained.
+
+The manifest (``manifest.json``) lists the parts in execution order, each with its file, kind
+and the names of the values it reads and writes. Acc parts (any kind but ``cpu``) run on
+``acc_providers``, CPU parts on ``cpu_providers``. Values flow between sessions as OrtValues
+through IOBinding, so a tensor an acc part leaves on the device feeds the next acc part without
+a round trip through host memory; it is copied to the host only where a CPU part reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from onnx_modular._ort import available_providers, resolve_providers
+from onnx_modular.diagnostics import DiagnosticContext, OnnxModularError, rules
+
+MANIFEST = "manifest.json"
+
+
+def _fail(reason: str, rule: Any = rules.BAD_INPUT) -> OnnxModularError:
+    return DiagnosticContext().error(rule, reason=reason)
+
+
+def _device_of(providers: Sequence[str]) -> str:
+    return "cuda" if providers and providers[0] == "CUDAExecutionProvider" else "cpu"
+
+
+class SplitRunner:
+    """Chains the part models of ``directory`` (written by ``save``) and returns the outputs."""
+
+    def __init__(self, directory: str | os.PathLike[str],
+                 acc_providers: Sequence[str] | str | None = None,
+                 cpu_providers: Sequence[str] | str | None = None) -> None:
+        self.directory = Path(directory)
+        path = self.directory / MANIFEST
+        if not path.is_file():
+            raise _fail(f"'{self.directory}' holds no {MANIFEST}; write it with "
+                        "SplitResult.save(directory)")
+        try:
+            self.manifest: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise _fail(f"cannot read '{path}': invalid JSON ({e.msg})") from None
+        parts = self.manifest.get("regions") or self.manifest.get("stages")
+        if not isinstance(parts, list) or not parts:
+            raise _fail(f"'{path}' lists no regions")
+        self.parts: list[dict[str, Any]] = parts
+        if acc_providers is None:
+            acc = ["CUDAExecutionProvider"] if "CUDAExecutionProvider" in \
+                available_providers() else ["CPUExecutionProvider"]
+        else:
+            acc = resolve_providers(acc_providers)
+        if acc[0] != "CPUExecutionProvider" and "CPUExecutionProvider" not in acc:
+            acc = [*acc, "CPUExecutionProvider"]
+        self.acc_providers = acc
+        self.cpu_providers = (["CPUExecutionProvider"] if cpu_providers is None
+                              else resolve_providers(cpu_providers))
+        self._sessions: dict[str, Any] = {}
+
+    def providers_of(self, part: dict[str, Any]) -> list[str]:
+        return self.cpu_providers if part.get("kind") == "cpu" else self.acc_providers
+
+    def session(self, part: dict[str, Any]) -> Any:
+        """The ORT session of one part (created on first use)."""
+        import onnxruntime as ort
+
+        name = part["name"]
+        if name not in self._sessions:
+            file = self.directory / part["file"]
+            if not file.is_file():
+                raise _fail(f"part '{name}' of '{self.directory}' is missing its file "
+                            f"'{part['file']}'")
+            options = ort.SessionOptions()
+            options.log_severity_level = 3
+            try:
+                self._sessions[name] = ort.InferenceSession(
+                    str(file), options, providers=self.providers_of(part))
+            except Exception as e:
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                raise _fail(f"ONNX Runtime cannot load part '{name}': {first}",
+                            rules.VALIDATION) from None
+        return self._sessions[name]
+
+    # inputs and outputs
+    def _flat_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+        declared = self.manifest.get("inputs", [])
+        try:
+            import torch.utils._pytree as pytree
+
+            leaves = pytree.tree_leaves((args, kwargs))
+        except ImportError:
+            leaves = [*args, *kwargs.values()]
+        arrays = [x for x in leaves if _is_array(x)]
+        if len(arrays) != len(declared):
+            raise _fail(f"the model takes {len(declared)} tensor input(s) "
+                        f"({', '.join(d['name'] for d in declared)}), got {len(arrays)}")
+        return arrays
+
+    def _structure(self, flat: list[Any], as_torch: bool) -> Any:
+        if as_torch:
+            import torch
+
+            flat = [torch.from_numpy(np.ascontiguousarray(x)) for x in flat]
+        spec_text = self.manifest.get("out_spec")
+        if spec_text:
+            try:
+                import torch.utils._pytree as pytree
+
+                return pytree.tree_unflatten(flat, pytree.treespec_loads(spec_text))
+            except Exception:
+                pass
+        return flat[0] if len(flat) == 1 else tuple(flat)
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        """Run every part in order; outputs come back in the model's output structure."""
+        import onnxruntime as ort
+
+        arrays = self._flat_inputs(args, kwargs)
+        as_torch = any(type(x).__module__.startswith("torch") for x in arrays)
+        env: dict[str, Any] = {}
+        for decl, value in zip(self.manifest["inputs"], arrays):
+            env[decl["name"]] = ort.OrtValue.ortvalue_from_numpy(_to_numpy(value))
+        for part in self.parts:
+            session = self.session(part)
+            device = _device_of(self.providers_of(part))
+            binding = session.io_binding()
+            for entry in session.get_inputs():
+                value = env.get(entry.name)
+                if value is None:
+                    raise _fail(f"part '{part['name']}' reads '{entry.name}', which no earlier "
+                                "part produces", rules.VALIDATION)
+                if device == "cpu" and value.device_name().lower() != "cpu":
+                    value = ort.OrtValue.ortvalue_from_numpy(value.numpy())
+                binding.bind_ortvalue_input(entry.name, value)
+            for entry in session.get_outputs():
+                binding.bind_output(entry.name, device)
+            try:
+                session.run_with_iobinding(binding)
+            except Exception as e:
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                raise _fail(f"part '{part['name']}' failed in ONNX Runtime: {first}",
+                            rules.VALIDATION) from None
+            for entry, value in zip(session.get_outputs(), binding.get_outputs()):
+                env[entry.name] = value
+        flat = []
+        for out in self.manifest["outputs"]:
+            if out["name"] not in env:
+                raise _fail(f"no part produces the model output '{out['name']}'",
+                            rules.VALIDATION)
+            flat.append(env[out["name"]].numpy())
+        return self._structure(flat, as_torch)
+
+    __call__ = run
+
+
+def _is_array(x: Any) -> bool:
+    if isinstance(x, np.ndarray):
+        return True
+    try:
+        import torch
+    except ImportError:
+        return False
+    return isinstance(x, torch.Tensor)
+
+
+def _to_numpy(x: Any) -> np.ndarray:
+    if isinstance(x, np.ndarray):
+        return np.ascontiguousarray(x)
+    return np.ascontiguousarray(x.detach().cpu().numpy())

@@ -1,0 +1,237 @@
+"""``om.split``: accelerator/CPU regions of a model, as a runnable GraphModule and ONNX files.
+
+The program is captured and translated to ONNX once; the Split pass decides regions on the
+decomposed FX graph; each ONNX node follows its FX node into a region. ``save`` writes one
+standalone ONNX model per region plus ``manifest.json`` (the format :class:`SplitRunner`
+reads, shared with pipeline stages); ``save_single`` writes one model of region functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import onnx_ir as ir
+import torch
+
+from onnx_modular._io import atomic_write_bytes, atomic_write_text
+from onnx_modular.diagnostics import Diagnostic, DiagnosticContext, OnnxModularError, rules
+from onnx_modular.operator_support import SupportContext, fx_to_onnx_nodes, resolve_support
+from onnx_modular.passes.split import Region, SplitPass, SplitPlan, print_preview
+from onnx_modular.region_models import RegionGraph, partition, single_model
+
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = "onnx_modular.parts"
+MANIFEST_VERSION = 1
+
+
+# ---- capture and translation -----------------------------------------------------------------
+
+def capture_program(model: Any, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None,
+                    ctx: DiagnosticContext | None = None) -> torch.export.ExportedProgram:
+    """``torch.export`` (non-strict) of a module; an ExportedProgram passes through."""
+    ctx = ctx or DiagnosticContext()
+    if isinstance(model, torch.export.ExportedProgram):
+        return model
+    if not isinstance(model, torch.nn.Module):
+        raise ctx.error(rules.BAD_INPUT, reason=(
+            f"model must be a torch.nn.Module or an ExportedProgram, got {type(model).__name__}"))
+    args = tuple(args) if isinstance(args, (list, tuple)) else (args,)
+    try:
+        from onnx_modular.capture import capture  # the shared capture step, where present
+    except ImportError:
+        capture = None
+    try:
+        if capture is not None:
+            return capture(model, args, kwargs)
+        return torch.export.export(model, args, kwargs=kwargs or {}, strict=False)
+    except OnnxModularError:
+        raise
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ctx.error(rules.EXPORT_FAILED, reason=(
+            f"torch.export failed for {type(model).__name__}: {first}")) from e
+
+
+def translate_program(program: torch.export.ExportedProgram, opset: int | None = None,
+                      ctx: DiagnosticContext | None = None) -> Any:
+    """``torch.onnx.export(program, dynamo=True, optimize=False)``, quietly."""
+    ctx = ctx or DiagnosticContext()
+    registration = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = registration.level
+    registration.setLevel(logging.ERROR)  # "torchvision is not installed" noise
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            return torch.onnx.export(program, dynamo=True, optimize=False, verbose=False,
+                                     opset_version=opset)
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ctx.error(rules.TRANSLATION, reason=f"translation to ONNX failed: {first}") from e
+    finally:
+        registration.setLevel(level)
+
+
+# ---- manifest helpers ------------------------------------------------------------------------
+
+def _dtype_name(value: ir.Value) -> str | None:
+    if value.type is None or getattr(value.type, "dtype", None) is None:
+        return None
+    try:
+        return "bool" if value.type.dtype == ir.DataType.BOOL \
+            else str(value.type.dtype.numpy())
+    except Exception:
+        return value.type.dtype.name.lower()
+
+
+def _shape(value: ir.Value) -> list[int | str] | None:
+    if value.shape is None:
+        return None
+    return [d if isinstance(d, int) else str(d) for d in value.shape]
+
+
+def _value_entry(value: ir.Value, **extra: Any) -> dict[str, Any]:
+    return {"name": value.name, "dtype": _dtype_name(value), "shape": _shape(value), **extra}
+
+
+def _spec_dumps(spec: Any) -> str | None:
+    if spec is None:
+        return None
+    try:
+        return torch.utils._pytree.treespec_dumps(spec)
+    except Exception:  # a container type pytree cannot serialize: flat outputs then
+        return None
+
+
+# ---- the result ------------------------------------------------------------------------------
+
+class SplitResult:
+    """Regions of a model: ``regions``, ``graph_module`` (runs in torch), ``save``."""
+
+    def __init__(self, plan: SplitPlan, graph_module: torch.fx.GraphModule, onnx_model: ir.Model,
+                 source: torch.fx.GraphModule, program: torch.export.ExportedProgram,
+                 diagnostics: list[Diagnostic]) -> None:
+        self.plan = plan
+        self.graph_module = graph_module
+        self.onnx_model = onnx_model
+        self.program = program
+        self.diagnostics = diagnostics
+        self._source = source
+        self._region_graphs: list[RegionGraph] | None = None
+
+    @property
+    def regions(self) -> list[Region]:
+        return self.plan.regions
+
+    def __repr__(self) -> str:
+        kinds = " ".join(f"{r.name}({len(r.node_names)})" for r in self.regions)
+        return f"SplitResult({kinds})"
+
+    # ONNX
+    def region_graphs(self) -> list[RegionGraph]:
+        """One standalone ``onnx_ir`` model per region (built once, then cached)."""
+        if self._region_graphs is None:
+            index = {n: i for i, r in enumerate(self.regions) for n in r.node_names}
+            meta = {n.name: n.meta.get("val") for n in self._source.graph.nodes}
+            self._region_graphs = partition(
+                self.onnx_model, [(r.name, r.is_acc) for r in self.regions], index, meta.get)
+        return self._region_graphs
+
+    def region_protos(self) -> dict[str, Any]:
+        """Region name -> ``onnx.ModelProto``."""
+        return {g.name: ir.serde.serialize_model(g.model) for g in self.region_graphs()}
+
+    def single_model(self) -> ir.Model:
+        return single_model(self.onnx_model, self.region_graphs())
+
+    def manifest(self) -> dict[str, Any]:
+        """The JSON the runner reads: model I/O, pytree specs, regions in order and their links."""
+        graph = self.onnx_model.graph
+        spec = self.program.call_spec
+        regions = []
+        for rg, region in zip(self.region_graphs(), self.regions):
+            regions.append({
+                "name": rg.name,
+                "kind": "acc" if rg.is_acc else "cpu",
+                "file": f"{rg.name}.onnx",
+                "fx_nodes": len(region.node_names),
+                "onnx_nodes": rg.model.graph.num_nodes(),
+                "inputs": [_value_entry(v, **{"from": rg.sources.get(v.name or "", "input")})
+                           for v in rg.model.graph.inputs],
+                "outputs": [_value_entry(v, to=rg.consumers.get(v.name or "", []))
+                            for v in rg.model.graph.outputs],
+            })
+        return {
+            "format": MANIFEST_FORMAT,
+            "version": MANIFEST_VERSION,
+            "kind": "split",
+            "inputs": [_value_entry(v) for v in graph.inputs],
+            "outputs": [_value_entry(v) for v in graph.outputs],
+            "in_spec": _spec_dumps(spec.in_spec),
+            "out_spec": _spec_dumps(spec.out_spec),
+            "regions": regions,
+        }
+
+    def save(self, directory: str | os.PathLike[str]) -> Path:
+        """``<region>.onnx`` per region, then ``manifest.json`` (written last, atomically)."""
+        return save_parts(directory, self.region_protos(), self.manifest())
+
+    def save_single(self, path: str | os.PathLike[str]) -> Path:
+        """One ONNX model in which each region is a local function, called in order."""
+        target = Path(path)
+        atomic_write_bytes(target, ir.serde.serialize_model(self.single_model())
+                           .SerializeToString())
+        return target
+
+    # previews
+    def preview(self, console: Any = None) -> None:
+        """Print the operator-support and region tables."""
+        print_preview(self.plan, console)
+
+
+def save_parts(directory: str | os.PathLike[str], protos: dict[str, Any],
+               manifest: dict[str, Any]) -> Path:
+    """Write models and manifest; each file lands whole (temp file, then rename)."""
+    out = Path(directory)
+    if out.exists() and not out.is_dir():
+        raise DiagnosticContext().error(rules.BAD_INPUT, reason=(
+            f"cannot write parts to '{out}': it is a file, not a directory"))
+    out.mkdir(parents=True, exist_ok=True)
+    for name, proto in protos.items():
+        atomic_write_bytes(out / f"{name}.onnx", proto.SerializeToString())
+    atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=2))
+    return out
+
+
+def split(model: Any, args: Sequence[Any] = (), *, support: Any, min_acc_module_size: int = 1,
+          max_acc_splits: int = -1, allow_non_tensor: bool = False, skip_fusion: bool = False,
+          kwargs: dict[str, Any] | None = None, opset: int | None = None,
+          ctx: DiagnosticContext | None = None) -> SplitResult:
+    """Split ``model`` into alternating accelerator/CPU regions (splitter_base semantics).
+
+    ``support``: an :class:`OperatorSupport`, a callable ``fx.Node -> bool``, an iterable of
+    op names (allow list), ``{"allow": [...], "deny": [...]}`` or ``"ort:<ExecutionProvider>"``.
+    ``max_acc_splits`` > 0 caps the number of regions (acc and CPU, as splitter_base counts).
+    """
+    ctx = ctx or DiagnosticContext()
+    op_support = resolve_support(support)
+    program = capture_program(model, args, kwargs, ctx)
+    onnx_program = translate_program(program, opset, ctx)
+    decomposed = onnx_program.exported_program
+    source = decomposed.module()
+    context = SupportContext(fx_to_onnx_nodes(onnx_program.model),
+                             dict(onnx_program.model.opset_imports))
+    split_pass = SplitPass(op_support, context=context, min_acc_module_size=min_acc_module_size,
+                           max_acc_splits=max_acc_splits, allow_non_tensor=allow_non_tensor,
+                           skip_fusion=skip_fusion)
+    result = split_pass(source, ctx)
+    assert split_pass.plan is not None
+    return SplitResult(split_pass.plan, result.graph_module, onnx_program.model, source,
+                       decomposed, ctx.diagnostics)
