@@ -82,6 +82,13 @@ def _region_of_nodes(graph: ir.Graph, region_of_fx: Mapping[str, int]) -> dict[i
     return region
 
 
+def _is_source(node: ir.Node) -> bool:
+    """A node that reads nothing (a constant): cheaper to copy than to pass between regions."""
+    return (not node.inputs and len(node.outputs) == 1 and not any(
+        a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+        for a in node.attributes.values()))
+
+
 def _top_level_owner(graph: ir.Graph) -> dict[ir.Node, ir.Node]:
     """Nodes inside subgraphs (If/Loop/Scan bodies) -> the top-level node that owns them."""
     owner: dict[ir.Node, ir.Node] = {}
@@ -144,6 +151,19 @@ def partition(model: ir.Model, region_names: Sequence[tuple[str, bool]],
                 raise ctx.error(rules.TRANSLATION, reason=(
                     f"ONNX value '{v.name}' of region {region_names[p_region][0]} is read by "
                     f"the earlier region {region_names[r][0]}"))
+            if producer is not None and _is_source(producer):
+                # a constant shared by several FX nodes: each region gets its own copy
+                clone = ir.Node(producer.domain, producer.op_type, [],
+                                [ir.Attr(a.name, a.type, a.value)
+                                 for a in producer.attributes.values()],
+                                name=f"{producer.name}_{region_names[r][0]}",
+                                metadata_props=dict(producer.metadata_props))
+                clone.outputs[0].name, clone.outputs[0].type = v.name, v.type
+                clone.outputs[0].shape = v.shape
+                for user, idx in uses:
+                    user.replace_input_with(idx, clone.outputs[0])
+                nodes_of[r].insert(0, clone)
+                continue
             _fill_type(v, fx_meta)
             fresh = ir.Value(name=v.name, shape=v.shape, type=v.type,
                              const_value=v.const_value if v in initializers else None)

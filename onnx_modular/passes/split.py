@@ -74,7 +74,14 @@ class SplitPlan:
 
 
 def is_tensor_node(node: torch.fx.Node) -> bool:
-    return isinstance(node.meta.get("val"), torch.Tensor)
+    """Does the node make one tensor? Read from ``val`` (export) or ``tensor_meta`` (ShapeProp);
+    a node with neither (a hand-traced graph) counts as a tensor."""
+    if "val" in node.meta:
+        return isinstance(node.meta["val"], torch.Tensor)
+    if "tensor_meta" in node.meta:
+        meta = node.meta["tensor_meta"]
+        return meta is not None and not isinstance(meta, (list, tuple, dict))
+    return node.op != "output"
 
 
 def value_bytes(node: torch.fx.Node) -> int:
