@@ -34,10 +34,14 @@ class RegionGraph:
     """One region's standalone model and where its inputs come from / outputs go."""
 
     name: str
-    is_acc: bool
+    kind: str  # "acc", "cpu" or "stage"
     model: ir.Model
     sources: dict[str, str]  # input name -> producing region name, or "input"
     consumers: dict[str, list[str]]  # output name -> consuming region names and/or "output"
+
+    @property
+    def is_acc(self) -> bool:
+        return self.kind != "cpu"
 
 
 def copy_model(model: ir.Model) -> ir.Model:
@@ -106,10 +110,14 @@ def _top_level_owner(graph: ir.Graph) -> dict[ir.Node, ir.Node]:
     return owner
 
 
-def partition(model: ir.Model, region_names: Sequence[tuple[str, bool]],
+def partition(model: ir.Model, region_names: Sequence[tuple[str, str]],
               region_of_fx: Mapping[str, int], fx_meta: Callable[[str], Any],
               ctx: DiagnosticContext | None = None) -> list[RegionGraph]:
-    """Standalone models, one per region, from a copy of the translated ``model``."""
+    """Standalone models, one per region, from a copy of the translated ``model``.
+
+    ``region_names``: (name, kind) per region in execution order; ``region_of_fx``: FX node
+    name -> region index; ``fx_meta``: FX node name -> its ``meta["val"]`` (for types).
+    """
     ctx = ctx or DiagnosticContext()
     work = copy_model(model)
     graph = work.graph
@@ -194,12 +202,12 @@ def partition(model: ir.Model, region_names: Sequence[tuple[str, bool]],
     graph.outputs.clear()
     graph.remove(list(graph), safe=False)
     result = []
-    for r, (name, is_acc) in enumerate(region_names):
+    for r, (name, kind) in enumerate(region_names):
         g = ir.Graph(new_inputs[r], outputs[r], nodes=nodes_of[r], initializers=new_inits[r],
                      opset_imports=dict(graph.opset_imports), name=name)
         m = ir.Model(g, ir_version=work.ir_version, producer_name="onnx_modular",
                      producer_version=work.producer_version)
-        result.append(RegionGraph(name, is_acc, m, sources[r], consumers[r]))
+        result.append(RegionGraph(name, kind, m, sources[r], consumers[r]))
     return result
 
 
@@ -239,7 +247,7 @@ def single_model(model: ir.Model, regions: Sequence[RegionGraph]) -> ir.Model:
         args += [inits[w.name or ""] for w in weights]
         call = ir.Node(SPLIT_DOMAIN, region.name, args,
                        num_outputs=len(region.model.graph.outputs), name=region.name)
-        call.metadata_props["onnx_modular.region_kind"] = "acc" if region.is_acc else "cpu"
+        call.metadata_props["onnx_modular.region_kind"] = region.kind
         for out, ref in zip(call.outputs, region.model.graph.outputs):
             out.name, out.shape, out.type = ref.name, ref.shape, ref.type
             env[ref.name or ""] = out

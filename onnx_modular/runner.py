@@ -9,7 +9,6 @@ a round trip through host memory; it is copied to the host only where a CPU part
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,8 +18,7 @@ import numpy as np
 
 from onnx_modular._ort import available_providers, resolve_providers
 from onnx_modular.diagnostics import DiagnosticContext, OnnxModularError, rules
-
-MANIFEST = "manifest.json"
+from onnx_modular.manifest import load_manifest
 
 
 def _fail(reason: str, rule: Any = rules.BAD_INPUT) -> OnnxModularError:
@@ -38,18 +36,8 @@ class SplitRunner:
                  acc_providers: Sequence[str] | str | None = None,
                  cpu_providers: Sequence[str] | str | None = None) -> None:
         self.directory = Path(directory)
-        path = self.directory / MANIFEST
-        if not path.is_file():
-            raise _fail(f"'{self.directory}' holds no {MANIFEST}; write it with "
-                        "SplitResult.save(directory)")
-        try:
-            self.manifest: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise _fail(f"cannot read '{path}': invalid JSON ({e.msg})") from None
-        parts = self.manifest.get("regions") or self.manifest.get("stages")
-        if not isinstance(parts, list) or not parts:
-            raise _fail(f"'{path}' lists no regions")
-        self.parts: list[dict[str, Any]] = parts
+        self.manifest: dict[str, Any] = load_manifest(self.directory)
+        self.parts: list[dict[str, Any]] = self.manifest["regions"]
         if acc_providers is None:
             acc = ["CUDAExecutionProvider"] if "CUDAExecutionProvider" in \
                 available_providers() else ["CPUExecutionProvider"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import logging
 import os
 import warnings
@@ -21,16 +20,12 @@ from typing import Any
 import onnx_ir as ir
 import torch
 
-from onnx_modular._io import atomic_write_bytes, atomic_write_text
+from onnx_modular._io import atomic_write_bytes
 from onnx_modular.diagnostics import Diagnostic, DiagnosticContext, OnnxModularError, rules
+from onnx_modular.manifest import build_manifest, save_parts
 from onnx_modular.operator_support import SupportContext, fx_to_onnx_nodes, resolve_support
 from onnx_modular.passes.split import Region, SplitPass, SplitPlan, print_preview
 from onnx_modular.region_models import RegionGraph, partition, single_model
-
-MANIFEST = "manifest.json"
-MANIFEST_FORMAT = "onnx_modular.parts"
-MANIFEST_VERSION = 1
-
 
 # ---- capture and translation -----------------------------------------------------------------
 
@@ -79,37 +74,6 @@ def translate_program(program: torch.export.ExportedProgram, opset: int | None =
         registration.setLevel(level)
 
 
-# ---- manifest helpers ------------------------------------------------------------------------
-
-def _dtype_name(value: ir.Value) -> str | None:
-    if value.type is None or getattr(value.type, "dtype", None) is None:
-        return None
-    try:
-        return "bool" if value.type.dtype == ir.DataType.BOOL \
-            else str(value.type.dtype.numpy())
-    except Exception:
-        return value.type.dtype.name.lower()
-
-
-def _shape(value: ir.Value) -> list[int | str] | None:
-    if value.shape is None:
-        return None
-    return [d if isinstance(d, int) else str(d) for d in value.shape]
-
-
-def _value_entry(value: ir.Value, **extra: Any) -> dict[str, Any]:
-    return {"name": value.name, "dtype": _dtype_name(value), "shape": _shape(value), **extra}
-
-
-def _spec_dumps(spec: Any) -> str | None:
-    if spec is None:
-        return None
-    try:
-        return torch.utils._pytree.treespec_dumps(spec)
-    except Exception:  # a container type pytree cannot serialize: flat outputs then
-        return None
-
-
 # ---- the result ------------------------------------------------------------------------------
 
 class SplitResult:
@@ -141,7 +105,7 @@ class SplitResult:
             index = {n: i for i, r in enumerate(self.regions) for n in r.node_names}
             meta = {n.name: n.meta.get("val") for n in self._source.graph.nodes}
             self._region_graphs = partition(
-                self.onnx_model, [(r.name, r.is_acc) for r in self.regions], index, meta.get)
+                self.onnx_model, [(r.name, r.kind) for r in self.regions], index, meta.get)
         return self._region_graphs
 
     def region_protos(self) -> dict[str, Any]:
@@ -153,35 +117,14 @@ class SplitResult:
 
     def manifest(self) -> dict[str, Any]:
         """The JSON the runner reads: model I/O, pytree specs, regions in order and their links."""
-        graph = self.onnx_model.graph
         spec = self.program.call_spec
-        regions = []
-        for rg, region in zip(self.region_graphs(), self.regions):
-            regions.append({
-                "name": rg.name,
-                "kind": "acc" if rg.is_acc else "cpu",
-                "file": f"{rg.name}.onnx",
-                "fx_nodes": len(region.node_names),
-                "onnx_nodes": rg.model.graph.num_nodes(),
-                "inputs": [_value_entry(v, **{"from": rg.sources.get(v.name or "", "input")})
-                           for v in rg.model.graph.inputs],
-                "outputs": [_value_entry(v, to=rg.consumers.get(v.name or "", []))
-                            for v in rg.model.graph.outputs],
-            })
-        return {
-            "format": MANIFEST_FORMAT,
-            "version": MANIFEST_VERSION,
-            "kind": "split",
-            "inputs": [_value_entry(v) for v in graph.inputs],
-            "outputs": [_value_entry(v) for v in graph.outputs],
-            "in_spec": _spec_dumps(spec.in_spec),
-            "out_spec": _spec_dumps(spec.out_spec),
-            "regions": regions,
-        }
+        return build_manifest(self.onnx_model.graph, self.region_graphs(), kind="split",
+                              in_spec=spec.in_spec, out_spec=spec.out_spec,
+                              fx_nodes={r.name: len(r.node_names) for r in self.regions})
 
     def save(self, directory: str | os.PathLike[str]) -> Path:
         """``<region>.onnx`` per region, then ``manifest.json`` (written last, atomically)."""
-        return save_parts(directory, self.region_protos(), self.manifest())
+        return save_parts(directory, self.region_graphs(), self.manifest())
 
     def save_single(self, path: str | os.PathLike[str]) -> Path:
         """One ONNX model in which each region is a local function, called in order."""
@@ -194,20 +137,6 @@ class SplitResult:
     def preview(self, console: Any = None) -> None:
         """Print the operator-support and region tables."""
         print_preview(self.plan, console)
-
-
-def save_parts(directory: str | os.PathLike[str], protos: dict[str, Any],
-               manifest: dict[str, Any]) -> Path:
-    """Write models and manifest; each file lands whole (temp file, then rename)."""
-    out = Path(directory)
-    if out.exists() and not out.is_dir():
-        raise DiagnosticContext().error(rules.BAD_INPUT, reason=(
-            f"cannot write parts to '{out}': it is a file, not a directory"))
-    out.mkdir(parents=True, exist_ok=True)
-    for name, proto in protos.items():
-        atomic_write_bytes(out / f"{name}.onnx", proto.SerializeToString())
-    atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=2))
-    return out
 
 
 def split(model: Any, args: Sequence[Any] = (), *, support: Any, min_acc_module_size: int = 1,
