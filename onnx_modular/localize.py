@@ -34,7 +34,7 @@ import onnx_ir as ir
 import torch
 from onnx_ir.passes.common.inliner import InlinePass
 
-from onnx_modular import _ort
+from onnx_modular import _ort, _wire
 
 META_PATH = "onnx_modular.module_path"
 META_TYPE = "onnx_modular.module_type"
@@ -49,7 +49,11 @@ _CALL_SUFFIX = re.compile(r"@(\d+)$")
 
 @dataclasses.dataclass
 class TorchCall:
-    """One module call seen in eager mode; ``outputs`` are its returned tensors."""
+    """One module call seen in eager mode; ``outputs`` are its returned tensors.
+
+    They are kept, not copied; ``versions`` (their ``_version`` counters when returned)
+    tells when later code changed one in place, and such a value is not compared.
+    """
 
     call_id: str
     module_path: str
@@ -57,6 +61,10 @@ class TorchCall:
     depth: int
     parent: int | None
     outputs: list[torch.Tensor]
+    versions: list[int] = dataclasses.field(default_factory=list)
+
+    def intact_outputs(self) -> list[torch.Tensor]:
+        return [t for t, v in zip(self.outputs, self.versions, strict=True) if t._version == v]
 
 
 def _type_name(obj: Any) -> str:
@@ -66,7 +74,7 @@ def _type_name(obj: Any) -> str:
 
 def _tensor_leaves(value: Any) -> list[torch.Tensor]:
     leaves = torch.utils._pytree.tree_leaves(value)
-    return [t.detach().clone() for t in leaves if isinstance(t, torch.Tensor)]
+    return [t.detach() for t in leaves if isinstance(t, torch.Tensor)]
 
 
 def record_calls(
@@ -98,7 +106,9 @@ def record_calls(
         return hook
 
     def post_hook(module: torch.nn.Module, _args: Any, output: Any) -> None:
-        calls[stack.pop()].outputs = _tensor_leaves(output)
+        call = calls[stack.pop()]
+        call.outputs = _tensor_leaves(output)
+        call.versions = [t._version for t in call.outputs]
 
     try:
         for name, module in model.named_modules():
@@ -129,9 +139,9 @@ class OnnxCall:
 
 @dataclasses.dataclass
 class Probe:
-    """The inlined model with every call output exposed, and the calls found in it."""
+    """The inlined model (serialized) with every call output exposed, and its calls."""
 
-    proto: onnx.ModelProto
+    model_bytes: bytes
     calls: list[OnnxCall]
     position: dict[str, int]  # value name -> index of its producer in the inlined graph
     kind: str  # "hierarchical", "flat" or "none"
@@ -175,25 +185,34 @@ def _module_instances(inliner: _TrackingInliner) -> list[OnnxCall]:
     return calls
 
 
-def _flat_calls(graph: ir.Graph) -> list[OnnxCall]:
+_QUOTED = re.compile(r"'((?:[^'\\]|\\.)*)'")
+
+
+def _scopes(node: onnx.NodeProto) -> tuple[list[str], list[str]] | None:
+    """(module paths, class names) of a torch.onnx node, root and the node itself dropped."""
+    meta = {p.key: p.value for p in node.metadata_props}
+    scopes = meta.get(META_SCOPES)
+    if scopes is None:
+        return None
+    paths = _QUOTED.findall(scopes)[1:-1]
+    classes = _QUOTED.findall(meta.get(META_CLASSES, ""))[1:]
+    return paths, classes
+
+
+def _flat_calls(graph: onnx.GraphProto) -> list[OnnxCall]:
     """Calls from ``name_scopes``: maximal runs of nodes in one module (metadata-less skip)."""
-    nodes = list(graph)
+    nodes = list(graph.node)
     chains: list[list[str] | None] = []
     types: dict[str, str] = {}
     for node in nodes:
-        scopes = node.metadata_props.get(META_SCOPES)
-        if scopes is None:
+        found = _scopes(node)
+        if found is None:
             chains.append(None)
             continue
-        try:
-            parsed = [str(s) for s in _literal(scopes)][1:-1]
-            classes = [str(s) for s in _literal(node.metadata_props.get(META_CLASSES, "[]"))]
-        except ValueError:
-            chains.append(None)
-            continue
-        for path, cls in zip(parsed, classes[1:], strict=False):
+        paths, classes = found
+        for path, cls in zip(paths, classes, strict=False):
             types.setdefault(path, cls)
-        chains.append(parsed)
+        chains.append(paths)
 
     # membership runs per module path, in graph order
     runs: dict[str, list[list[int]]] = {}
@@ -202,73 +221,89 @@ def _flat_calls(graph: ir.Graph) -> list[OnnxCall]:
         if chain is None:
             continue
         current = set(chain)
-        for path in list(open_run):
-            if path not in current:
-                runs.setdefault(path, []).append(open_run.pop(path))
+        for path in [p for p in open_run if p not in current]:
+            runs.setdefault(path, []).append(open_run.pop(path))
         for path in chain:
             open_run.setdefault(path, []).append(i)
     for path, run in open_run.items():
         runs.setdefault(path, []).append(run)
 
-    graph_outputs = set(graph.outputs)
-    found: list[tuple[int, OnnxCall]] = []
+    consumers: dict[str, set[int]] = {}
+    for i, node in enumerate(nodes):
+        for name in node.input:
+            consumers.setdefault(name, set()).add(i)
+    graph_outputs = {o.name for o in graph.output}
+    found_calls: list[tuple[int, OnnxCall]] = []
     for path, path_runs in runs.items():
         for k, run in enumerate(path_runs):
-            members = {nodes[i] for i in run}
-            outputs = []
-            for i in run:
-                for value in nodes[i].outputs:
-                    if value.name and (value in graph_outputs or any(
-                            user not in members for user, _ in value.uses())):
-                        outputs.append(value.name)
+            members = set(run)
+            outputs = [name for i in run for name in nodes[i].output if name and (
+                name in graph_outputs or not consumers.get(name, set()) <= members)]
             call_id = path if k == 0 else f"{path}@{k}"
-            found.append((run[0], OnnxCall(call_id, path, types.get(path), outputs,
-                                           exact=True)))
-    found.sort(key=lambda item: (item[0], item[1].module_path.count(".")))
-    return [call for _, call in found]
+            found_calls.append((run[0], OnnxCall(call_id, path, types.get(path), outputs)))
+    found_calls.sort(key=lambda item: (item[0], item[1].module_path.count(".")))
+    return [call for _, call in found_calls]
 
 
-def _literal(text: str) -> Any:
-    import ast
+def _has_module_calls(proto: onnx.ModelProto) -> bool:
+    for node in proto.graph.node:
+        for p in node.metadata_props:
+            if p.key in (META_CALL, META_PATH):
+                return True
+    return any(p.key in (META_CALL, META_PATH) for f in proto.functions for n in f.node
+               for p in n.metadata_props)
 
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError) as exc:
-        raise ValueError(text) from exc
 
+def build_probe(proto: onnx.ModelProto, model_bytes: bytes | None = None) -> Probe:
+    """The model's bytes with every module call's outputs exposed as graph outputs.
 
-def build_probe(proto: onnx.ModelProto) -> Probe:
-    """Inline a copy of ``proto`` and expose every module call's outputs as graph outputs."""
-    model = ir.serde.deserialize_model(proto)
-    inliner = _TrackingInliner()
-    if model.functions:
-        inliner(model)
-    calls = _module_instances(inliner)
-    kind = "hierarchical"
+    A hierarchical model is inlined without its weights (shells stand in for the
+    initializers) and gets them back as fields cut from ``model_bytes``, the serialized
+    original; a flat one is ``model_bytes`` plus the extra outputs. Either way the weights
+    are never decoded or re-encoded (see :mod:`onnx_modular._wire`).
+    """
+    if model_bytes is None:
+        model_bytes = proto.SerializeToString()
+    if proto.functions:
+        light = _wire.without_initializers(proto)
+        model = ir.serde.deserialize_model(light)
+        if _has_module_calls(proto):
+            inliner = _TrackingInliner()
+            inliner(model)
+            calls = _module_instances(inliner)
+            kind = "hierarchical"
+        else:
+            InlinePass()(model)
+            calls, kind = [], "flat"
+        model.graph.initializers.clear()
+        graph_proto = ir.serde.serialize_model(model)
+        base = graph_proto.SerializeToString() + _wire.initializer_patch(model_bytes)
+        graph = graph_proto.graph
+        if kind == "flat":
+            calls = _flat_calls(graph)
+    else:
+        graph, base = proto.graph, model_bytes
+        calls = _flat_calls(graph)
+        kind = "flat"
     if not calls:
-        calls = _flat_calls(model.graph)
-        kind = "flat" if calls else "none"
+        kind = "none"
 
-    values: dict[str, ir.Value] = {}
     position: dict[str, int] = {}
-    for value in model.graph.inputs:
-        if value.name:
-            values[value.name] = value
-            position[value.name] = -1
-    for i, node in enumerate(model.graph):
-        for value in node.outputs:
-            if value.name:
-                values[value.name] = value
-                position[value.name] = i
-    present = set(model.graph.outputs)
+    for value in graph.input:
+        position[value.name] = -1
+    for i, node in enumerate(graph.node):
+        for name in node.output:
+            if name:
+                position[name] = i
+    present = {o.name for o in graph.output}
+    extra: list[str] = []
     for call in calls:
-        call.outputs = [name for name in call.outputs if name in values]
+        call.outputs = [name for name in call.outputs if position.get(name, -1) >= 0]
         for name in call.outputs:
-            value = values[name]
-            if value not in present and value.producer() is not None:
-                model.graph.outputs.append(value)
-                present.add(value)
-    return Probe(ir.serde.serialize_model(model), calls, position, kind)
+            if name not in present:
+                extra.append(name)
+                present.add(name)
+    return Probe(base + _wire.outputs_patch(extra), calls, position, kind)
 
 
 # ---- pairing and judging ---------------------------------------------------------------------
@@ -406,7 +441,7 @@ def judge(
             actual = onnx_values.get(name)
             if actual is None:
                 continue
-            candidates = [t for t in tcall.outputs if tuple(t.shape) == actual.shape]
+            candidates = [t for t in tcall.intact_outputs() if tuple(t.shape) == actual.shape]
             if not candidates:
                 continue
             compared = True

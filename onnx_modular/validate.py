@@ -387,7 +387,7 @@ def validate(
         provider = failing[0] if failing else chosen[-1]
         if calls is None:
             _, calls = _torch_run(model, args, kwargs, record=True)
-        report.localization = _localize(loaded.proto, feeds, provider, calls, rtol, atol)
+        report.localization = _localize(loaded, feeds, provider, calls, rtol, atol)
         report.localization_provider = provider
     return report
 
@@ -433,20 +433,20 @@ def _check(name: str, actual: np.ndarray, expected: torch.Tensor,
     return OutputCheck(name, list(expected.shape), dtype, r, a, d)
 
 
-def _localize(proto: onnx.ModelProto, feeds: dict[str, np.ndarray], provider: str,
+def _localize(loaded: _ort.LoadedModel, feeds: dict[str, np.ndarray], provider: str,
               calls: list[Any] | None, rtol: float | None, atol: float | None) -> Localization:
     """One ORT session on the inlined model with every call output exposed."""
     if not calls:
         return Localization("none", 0, [], None, "the torch model has no submodule calls")
     try:
-        probe = build_probe(proto)
+        probe = build_probe(loaded.proto, loaded.model_bytes())
     except Exception as exc:
         return Localization("none", 0, [], None,
                             f"could not inline the model: {_ort._first_line(exc)}")
     if probe.kind == "none":
         return Localization("none", 0, [], None,
                             "the ONNX model carries no module metadata to localize with")
-    session, _ = _ort.make_session(probe.proto.SerializeToString(), provider)
+    session, _ = _ort.make_session(probe.model_bytes, provider, loaded.session_config())
     names = [o.name for o in session.get_outputs()]
     values, _ = _ort.run_session(session, feeds)
     return judge(probe, dict(zip(names, values, strict=True)), calls, rtol, atol)

@@ -214,8 +214,12 @@ def test_probe_names_survive_inlining():
         "layers.0", "layers.0.fc", "layers.1", "layers.0.fc", "layers.2", "layers.0.fc"]
     assert [c.exact for c in probe.calls] == [True, False] * 3
     assert probe.calls[1].parent == 0 and probe.calls[3].parent == 2
-    inlined = onnx.load_from_string(probe.proto.SerializeToString())
+    inlined = onnx.load_from_string(probe.model_bytes)
     assert not inlined.functions
+    # the weights come back as fields cut from the original bytes, once each
+    assert sorted(i.name for i in inlined.graph.initializer) == [
+        f"layers.{i}.fc.weight" for i in range(3)]
+    assert all(i.raw_data or i.float_data for i in inlined.graph.initializer)
     outputs = {o.name for o in inlined.graph.output}
     for call in probe.calls:
         assert call.outputs and set(call.outputs) <= outputs
@@ -320,3 +324,26 @@ def test_cuda_provider(gpt2):
     rep = om.validate(model, args, bad, providers="cuda")
     assert rep.localization_provider == "CUDAExecutionProvider"
     assert rep.first_mismatch == "model.h.1.mlp.c_fc"
+
+
+class InPlace(nn.Module):
+    """The parent changes a submodule's output in place after the call returned."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(4, 4)
+        self.after = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.inner(x)
+        y.mul_(3.0)
+        return self.after(y)
+
+
+def test_values_changed_in_place_are_not_compared():
+    torch.manual_seed(0)
+    model, args = InPlace().eval(), (torch.randn(2, 4),)
+    proto = _export(model, args)
+    rep = om.validate(model, args, proto, providers="cpu", localize=True)
+    assert rep.ok and rep.localization.divergences == []
+    assert rep.localization.calls_checked == 1  # "after"; "inner"'s output changed later
