@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from onnx_modular.diagnostics import DiagnosticContext, Location, rules
 from onnx_modular.operator_support import (
@@ -385,7 +386,7 @@ def build_split_module(graph_module: torch.fx.GraphModule, plan: SplitPlan
             node = by_name[name]
             sub_env[node] = sub.node_copy(node, sub_arg)
         sub.output(tuple(sub_env[by_name[o]] for o in region.outputs))
-        root[region.name] = torch.fx.GraphModule(sub_root, sub, class_name=region.name)
+        root[region.name] = _LazyGraphModule(sub_root, sub, class_name=region.name)
         call = top.call_module(region.name, tuple(top_arg(by_name[i]) for i in region.inputs))
         for k, o in enumerate(region.outputs):
             item = top.create_node("call_function", operator.getitem, (call, k), name=o)
@@ -395,7 +396,7 @@ def build_split_module(graph_module: torch.fx.GraphModule, plan: SplitPlan
     for n in graph_module.graph.nodes:
         if n.op == "output":
             top.node_copy(n, top_arg)
-    split_gm = torch.fx.GraphModule(root, top, class_name="SplitModule")
+    split_gm = _LazyGraphModule(root, top, class_name="SplitModule")
     split_gm.meta[PLAN_META_KEY] = plan
     return split_gm
 
