@@ -135,6 +135,7 @@ class OnnxCall:
     outputs: list[str]
     parent: int | None = None
     exact: bool = True  # False: metadata of a shared body, resolved against the parent
+    inputs: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -152,7 +153,7 @@ class _TrackingInliner(InlinePass):
 
     def __init__(self) -> None:
         super().__init__()
-        self.instances: list[tuple[dict[str, str], int | None, list[str]]] = []
+        self.instances: list[tuple[dict[str, str], int | None, list[str], list[str]]] = []
         self._origin: dict[ir.Node, int] = {}
 
     def _instantiate_call(self, node: ir.Node, call_site_id: str) -> Any:
@@ -161,7 +162,8 @@ class _TrackingInliner(InlinePass):
         if parent is not None and meta.get(META_CALL) == self.instances[parent][0].get(META_CALL):
             meta = {}  # no metadata of its own: the cloner copied the enclosing call's
         outputs = [v.name or "" for v in node.outputs]
-        self.instances.append((meta, parent, outputs))
+        inputs = [v.name for v in node.inputs if v is not None and v.name]
+        self.instances.append((meta, parent, outputs, inputs))
         index = len(self.instances) - 1
         nodes, values = super()._instantiate_call(node, call_site_id)
         for n in nodes:
@@ -173,14 +175,14 @@ def _module_instances(inliner: _TrackingInliner) -> list[OnnxCall]:
     """Call instances that are module calls; non-module functions pass their parent on."""
     calls: list[OnnxCall] = []
     index_of: dict[int, int | None] = {}
-    for i, (meta, parent, outputs) in enumerate(inliner.instances):
+    for i, (meta, parent, outputs, inputs) in enumerate(inliner.instances):
         parent_call = index_of.get(parent) if parent is not None else None
         call_id = meta.get(META_CALL) or meta.get(META_PATH)
         if not call_id:
             index_of[i] = parent_call
             continue
         calls.append(OnnxCall(call_id, meta.get(META_PATH, call_id), meta.get(META_TYPE),
-                              outputs, parent_call, exact=parent is None))
+                              outputs, parent_call, exact=parent is None, inputs=inputs))
         index_of[i] = len(calls) - 1
     return calls
 
@@ -239,8 +241,12 @@ def _flat_calls(graph: onnx.GraphProto) -> list[OnnxCall]:
             members = set(run)
             outputs = [name for i in run for name in nodes[i].output if name and (
                 name in graph_outputs or not consumers.get(name, set()) <= members)]
+            made = {name for i in run for name in nodes[i].output}
+            inputs = list(dict.fromkeys(name for i in run for name in nodes[i].input
+                                        if name and name not in made))
             call_id = path if k == 0 else f"{path}@{k}"
-            found_calls.append((run[0], OnnxCall(call_id, path, types.get(path), outputs)))
+            found_calls.append((run[0], OnnxCall(call_id, path, types.get(path), outputs,
+                                                 inputs=inputs)))
     found_calls.sort(key=lambda item: (item[0], item[1].module_path.count(".")))
     return [call for _, call in found_calls]
 
@@ -387,10 +393,12 @@ class ModuleDivergence:
     max_rel: float
     mismatched: int
     position: int = 0
+    inherited: bool = False  # an input of the call diverged already
 
     def to_dict(self) -> dict[str, Any]:
         return {"module_path": self.module_path, "call_id": self.call_id,
                 "module_type": self.module_type, "depth": self.depth, "output": self.output,
+                "inherited": self.inherited,
                 "max_abs_err": _ort._json_float(self.max_abs),
                 "max_rel_err": _ort._json_float(self.max_rel), "mismatched": self.mismatched}
 
@@ -432,6 +440,8 @@ def judge(
     """Compare every paired call output; collect the diverging calls, first one first."""
     mapping = resolve(probe.calls, torch_calls)
     divergences: list[ModuleDivergence] = []
+    div_inputs: list[list[str]] = []
+    bad_values: set[str] = set()
     checked = 0
     for k, j in mapping.items():
         call, tcall = probe.calls[k], torch_calls[j]
@@ -455,11 +465,16 @@ def judge(
                 bad.append((probe.position.get(name, 0), name, best))
         checked += compared
         if bad:
+            bad_values.update(b[1] for b in bad)
+            div_inputs.append(call.inputs)
             position, name, _ = min(bad, key=lambda b: b[0])
             divergences.append(ModuleDivergence(
                 tcall.module_path, tcall.call_id, tcall.module_type, tcall.depth, name,
                 max(b[2].max_abs for b in bad), max(b[2].max_rel for b in bad),
                 sum(b[2].mismatched for b in bad), position))
+    diverged = {d.output for d in divergences} | bad_values
+    for d, inputs in zip(divergences, div_inputs, strict=True):
+        d.inherited = any(name in diverged for name in inputs)
     divergences.sort(key=lambda d: (d.position, -d.depth))
     note = "" if checked else "no module call of the ONNX model could be paired with torch"
     return Localization(probe.kind, checked, divergences,

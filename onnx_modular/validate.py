@@ -119,14 +119,15 @@ class ValidationReport:
     _HEAD = ["provider", "output", "shape", "dtype", "max abs err", "max rel err",
              "rtol/atol", "status", "run ms", "note"]
     _LOC_HEAD = ["#", "module call", "type", "first diverging value", "max abs err",
-                 "max rel err", "mismatched"]
+                 "max rel err", "mismatched", "inputs"]
 
     def _loc_rows(self) -> list[list[str]]:
         loc = self.localization
         if loc is None:
             return []
         return [[str(i + 1), d.call_id, d.module_type.rsplit(".", 1)[-1], d.output,
-                 _fmt(d.max_abs), _fmt(d.max_rel), str(d.mismatched)]
+                 _fmt(d.max_abs), _fmt(d.max_rel), str(d.mismatched),
+                 "diverged" if d.inherited else "ok"]
                 for i, d in enumerate(loc.divergences)]
 
     def summary(self) -> str:
@@ -143,20 +144,22 @@ class ValidationReport:
         from rich.table import Table
         from rich.text import Text
 
+        rows = self._rows()
+        show_note = any(row[-1] for row in rows)
         table = Table(title="ONNX Runtime vs torch eager", title_justify="left")
-        for h in self._HEAD:
+        for h in self._HEAD if show_note else self._HEAD[:-1]:
             table.add_column(h, justify="right" if "err" in h or h == "run ms" else "left")
-        for row in self._rows():
+        for row in rows:
             style = "green" if row[7] == "ok" else "bold red"
-            table.add_row(*row[:7], Text(row[7], style=style), *row[8:])
+            table.add_row(*row[:7], Text(row[7], style=style), *row[8:9 + show_note])
         parts: list[Any] = [table]
         if self.localization is not None and self.localization.divergences:
-            loc = Table(title=f"Diverging module calls ({self.localization_provider}, "
-                        "execution order; the first is the deepest)", title_justify="left")
+            loc = Table(title=f"Diverging module calls on {self.localization_provider} "
+                        "(execution order; #1 is the first and deepest)", title_justify="left")
             for h in self._LOC_HEAD:
-                loc.add_column(h)
-            for row in self._loc_rows():
-                loc.add_row(*row)
+                loc.add_column(h, justify="right" if "err" in h or h == "mismatched" else "left")
+            for i, row in enumerate(self._loc_rows()):
+                loc.add_row(*row, style="bold" if i == 0 else None)
             parts.append(loc)
         parts.append(Text(self.summary(), style="green" if self.ok else "bold red"))
         return Group(*parts)
@@ -398,6 +401,8 @@ def _torch_run(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
     from onnx_modular.passes.modularize import modularize
 
     target, modularized = model, False
+    if record and not isinstance(model, (torch.nn.Module, torch.export.ExportedProgram)):
+        record = False  # a plain callable has no submodules to watch
     if isinstance(model, torch.export.ExportedProgram):
         target = model.module()
         if record:

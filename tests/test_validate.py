@@ -151,6 +151,9 @@ def test_planted_weight_error_flat(stack):
     assert paths.index("layers.1.fc") < paths.index("layers.1") < paths.index("layers.2")
     first = rep.localization.divergences[0]
     assert first.max_abs > 1e-3 and first.mismatched > 0
+    inherited = {d.module_path: d.inherited for d in rep.localization.divergences}
+    assert inherited["layers.1.fc"] is False and inherited["layers.1"] is False
+    assert inherited["layers.2"] is True and inherited["head"] is True  # fed a wrong value
     data = json.loads(json.dumps(rep.to_dict()))
     assert data["first_mismatch"] == "layers.1.fc"
     assert data["localization"]["divergences"][0]["module_path"] == "layers.1.fc"
