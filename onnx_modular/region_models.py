@@ -228,10 +228,12 @@ def single_model(model: ir.Model, regions: Sequence[RegionGraph]) -> ir.Model:
         main_inputs.append(fresh)
         env[v.name or ""] = fresh
     calls: list[ir.Node] = []
-    functions: list[ir.Function] = []
+    functions: dict[ir.OperatorIdentifier, ir.Function] = {}
     opsets = dict(work.graph.opset_imports)
     for region in regions:
-        rg = ir.serde.deserialize_graph(ir.serde.serialize_graph(region.model.graph))
+        region_model = ir.serde.deserialize_model(ir.serde.serialize_model(region.model))
+        _merge_functions(functions, region_model, region.name)
+        rg = region_model.graph
         weights = list(rg.initializers.values())
         fn_inputs, fn_outputs, nodes = list(rg.inputs) + weights, list(rg.outputs), list(rg)
         rg.initializers.clear()
@@ -242,7 +244,8 @@ def single_model(model: ir.Model, regions: Sequence[RegionGraph]) -> ir.Model:
             w.const_value = None
         fgraph = ir.Graph(fn_inputs, fn_outputs, nodes=nodes, opset_imports=opsets,
                           name=region.name)
-        functions.append(ir.Function(SPLIT_DOMAIN, region.name, graph=fgraph, attributes=[]))
+        fn = ir.Function(SPLIT_DOMAIN, region.name, graph=fgraph, attributes=[])
+        functions[fn.identifier()] = fn
         args = [env[v.name or ""] for v in region.model.graph.inputs]
         args += [inits[w.name or ""] for w in weights]
         call = ir.Node(SPLIT_DOMAIN, region.name, args,
@@ -258,4 +261,58 @@ def single_model(model: ir.Model, regions: Sequence[RegionGraph]) -> ir.Model:
                      initializers=[v for k, v in inits.items() if k in used],
                      opset_imports={**opsets, SPLIT_DOMAIN: 1}, name="split")
     return ir.Model(graph, ir_version=work.ir_version, producer_name="onnx_modular",
-                    producer_version=work.producer_version, functions=functions)
+                    producer_version=work.producer_version, functions=list(functions.values()))
+
+
+def _merge_functions(functions: dict[ir.OperatorIdentifier, ir.Function], model: ir.Model,
+                     region: str) -> None:
+    """Add the module functions of a region model; same name, other body -> renamed."""
+    renames: dict[ir.OperatorIdentifier, str] = {}
+    for ident, fn in model.functions.items():
+        known = functions.get(ident)
+        if known is not None and ir.serde.serialize_function(known) != \
+                ir.serde.serialize_function(fn):
+            renames[ident] = f"{fn.name}_{region}"
+    if renames:
+        for node in ir.traversal.RecursiveGraphIterator(model.graph):
+            _rename_call(node, renames)
+        for fn in model.functions.values():
+            for node in ir.traversal.RecursiveGraphIterator(fn):
+                _rename_call(node, renames)
+        for ident, new_name in renames.items():
+            model.functions[ident].name = new_name
+    for fn in model.functions.values():
+        functions.setdefault(fn.identifier(), fn)
+
+
+def _rename_call(node: ir.Node, renames: Mapping[ir.OperatorIdentifier, str]) -> None:
+    new_name = renames.get((node.domain, node.op_type, node.overload))
+    if new_name is not None:
+        node.op_type = new_name
+
+
+def region_chains(chains: Mapping[str, tuple[Any, ...]], region_of_fx: Mapping[str, int],
+                  n_regions: int) -> list[dict[str, tuple[Any, ...]]]:
+    """Per region, each FX node's chain of module calls cut to the calls wholly inside it.
+
+    A module call becomes a function of a region model only when every node of the call
+    lies in that region; a call that straddles a border dissolves: its parts in the region
+    sit at the region's top level, their wholly contained sub-calls still functions.
+    """
+    regions_of_call: dict[str, set[int]] = {}
+    for name, chain in chains.items():
+        r = region_of_fx.get(name)
+        if r is None:
+            continue
+        for call in chain:
+            regions_of_call.setdefault(call.call_id, set()).add(r)
+    result: list[dict[str, tuple[Any, ...]]] = [{} for _ in range(n_regions)]
+    for name, chain in chains.items():
+        r = region_of_fx.get(name)
+        if r is None:
+            continue
+        # the calls wholly inside r are a suffix: a call's nodes include its callees' nodes
+        first = next((i for i, call in enumerate(chain)
+                      if regions_of_call[call.call_id] == {r}), len(chain))
+        result[r][name] = tuple(chain[first:])
+    return result

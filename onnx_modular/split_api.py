@@ -21,11 +21,17 @@ import onnx_ir as ir
 import torch
 
 from onnx_modular._io import atomic_write_bytes
-from onnx_modular.diagnostics import Diagnostic, DiagnosticContext, OnnxModularError, rules
+from onnx_modular.diagnostics import (
+    Diagnostic,
+    DiagnosticContext,
+    Level,
+    OnnxModularError,
+    rules,
+)
 from onnx_modular.manifest import build_manifest, save_parts
 from onnx_modular.operator_support import SupportContext, fx_to_onnx_nodes, resolve_support
 from onnx_modular.passes.split import Region, SplitPass, SplitPlan, print_preview
-from onnx_modular.region_models import RegionGraph, partition, single_model
+from onnx_modular.region_models import RegionGraph, partition, region_chains, single_model
 
 # ---- capture and translation -----------------------------------------------------------------
 
@@ -81,8 +87,9 @@ class SplitResult:
 
     def __init__(self, plan: SplitPlan, graph_module: torch.fx.GraphModule, onnx_model: ir.Model,
                  source: torch.fx.GraphModule, program: torch.export.ExportedProgram,
-                 diagnostics: list[Diagnostic]) -> None:
+                 diagnostics: list[Diagnostic], hierarchical: bool = True) -> None:
         self.plan = plan
+        self.hierarchical = hierarchical
         self.graph_module = graph_module
         self.onnx_model = onnx_model
         self.program = program
@@ -104,9 +111,33 @@ class SplitResult:
         if self._region_graphs is None:
             index = {n: i for i, r in enumerate(self.regions) for n in r.node_names}
             meta = {n.name: n.meta.get("val") for n in self._source.graph.nodes}
-            self._region_graphs = partition(
+            graphs = partition(
                 self.onnx_model, [(r.name, r.kind) for r in self.regions], index, meta.get)
+            if self.hierarchical:
+                self._outline(graphs, index)
+            self._region_graphs = graphs
         return self._region_graphs
+
+    def _outline(self, graphs: list[RegionGraph], index: dict[str, int]) -> None:
+        """Module functions inside each region, where the outliner is installed."""
+        try:
+            from onnx_modular.emit import outline  # type: ignore[attr-defined]
+        except ImportError:
+            return
+        from onnx_modular.passes.modularize import modularize, module_call_chains
+
+        ctx = DiagnosticContext()
+        chains = module_call_chains(modularize(self.program, ctx))
+        for graph, region_chain in zip(graphs, region_chains(chains, index, len(graphs))):
+            try:
+                outlined = outline(graph.model, region_chain)
+            except Exception as e:  # the flat region model stays valid
+                self.diagnostics.append(ctx.log(
+                    rules.UNOUTLINED, Level.WARNING, reason=(
+                        f"{graph.name} stays flat: {type(e).__name__}: {e}")))
+                continue
+            if isinstance(outlined, ir.Model):
+                graph.model = outlined
 
     def region_protos(self) -> dict[str, Any]:
         """Region name -> ``onnx.ModelProto``."""
@@ -142,12 +173,13 @@ class SplitResult:
 def split(model: Any, args: Sequence[Any] = (), *, support: Any, min_acc_module_size: int = 1,
           max_acc_splits: int = -1, allow_non_tensor: bool = False, skip_fusion: bool = False,
           kwargs: dict[str, Any] | None = None, opset: int | None = None,
-          ctx: DiagnosticContext | None = None) -> SplitResult:
+          hierarchical: bool = True, ctx: DiagnosticContext | None = None) -> SplitResult:
     """Split ``model`` into alternating accelerator/CPU regions (splitter_base semantics).
 
     ``support``: an :class:`OperatorSupport`, a callable ``fx.Node -> bool``, an iterable of
     op names (allow list), ``{"allow": [...], "deny": [...]}`` or ``"ort:<ExecutionProvider>"``.
     ``max_acc_splits`` > 0 caps the number of regions (acc and CPU, as splitter_base counts).
+    ``hierarchical``: module calls lying wholly in a region become functions of its model.
     """
     ctx = ctx or DiagnosticContext()
     op_support = resolve_support(support)
@@ -163,4 +195,4 @@ def split(model: Any, args: Sequence[Any] = (), *, support: Any, min_acc_module_
     result = split_pass(source, ctx)
     assert split_pass.plan is not None
     return SplitResult(split_pass.plan, result.graph_module, onnx_program.model, source,
-                       decomposed, ctx.diagnostics)
+                       decomposed, ctx.diagnostics, hierarchical)

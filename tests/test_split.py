@@ -328,3 +328,20 @@ def test_ort_cpu_provider_covers_gpt2_in_one_acc_region(tmp_path):
         if n.op == "call_function")
     result.save(tmp_path)
     close(om.SplitRunner(tmp_path).run(*args), model(*args))
+
+
+def test_region_chains_keep_only_calls_inside_one_region():
+    from models import Stack
+
+    from onnx_modular.region_models import region_chains
+
+    model, x = Stack(2).eval(), x8()[0]
+    result = om.split(model, (x,), support={"deny": ["aten.relu"]})
+    chains = om.module_call_chains(om.modularize(result.program))
+    index = {n: i for i, r in enumerate(result.regions) for n in r.node_names}
+    per_region = region_chains(chains, index, len(result.regions))
+    first = per_region[0]  # layers.0 straddles acc_0 / cpu_1: only its norm and fc stay
+    calls = {c.call_id for chain in first.values() for c in chain}
+    assert calls == {"layers.0.norm", "layers.0.fc"}
+    for r, mapping in enumerate(per_region):
+        assert set(mapping) == {n for n in result.regions[r].node_names if n in chains}
