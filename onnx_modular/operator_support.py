@@ -134,12 +134,32 @@ Check = Callable[[torch.fx.Node, SupportContext], bool]
 class OperatorSupport:
     """Decides per FX node whether the accelerator runs it; combine with ``&``, ``|``, ``~``."""
 
-    def __init__(self, check: Check, description: str = "custom",
-                 needs_onnx: bool = False) -> None:
-        self._check = check
-        self.description = description
+    def __init__(self, spec: Any = None, *, allow: Iterable[str] | None = None,
+                 deny: Iterable[str] | None = None) -> None:
+        """``spec``: any form :func:`resolve_support` takes; ``allow`` / ``deny``: op names.
+
+        All given parts must agree (they combine with ``&``); none given supports everything.
+        """
+        parts = []
+        if spec is not None:
+            parts.append(resolve_support(spec))
+        if allow is not None:
+            parts.append(OperatorSupport.allow(allow))
+        if deny is not None:
+            parts.append(OperatorSupport.deny(deny))
+        combined = parts[0] if parts else OperatorSupport.everything()
+        for part in parts[1:]:
+            combined = combined & part
+        self._check: Check = combined._check
+        self.description: str = combined.description
         #: True when the check reads the ONNX translation (``SupportContext.onnx_nodes``).
-        self.needs_onnx = needs_onnx
+        self.needs_onnx: bool = combined.needs_onnx
+
+    @classmethod
+    def _make(cls, check: Check, description: str, needs_onnx: bool = False) -> OperatorSupport:
+        obj = cls.__new__(cls)
+        obj._check, obj.description, obj.needs_onnx = check, description, needs_onnx
+        return obj
 
     # construction
     @classmethod
@@ -147,7 +167,7 @@ class OperatorSupport:
                       description: str | None = None) -> OperatorSupport:
         """Wrap a plain ``node -> bool`` predicate."""
         desc = description or getattr(fn, "__qualname__", None) or repr(fn)
-        return cls(lambda node, _ctx: bool(fn(node)), desc)
+        return cls._make(lambda node, _ctx: bool(fn(node)), desc)
 
     @classmethod
     def allow(cls, names: Iterable[str]) -> OperatorSupport:
@@ -160,7 +180,7 @@ class OperatorSupport:
                 node = src
             return any(n in allowed for n in node_op_names(node))
 
-        return cls(check, f"allow[{', '.join(sorted(allowed))}]")
+        return cls._make(check, f"allow[{', '.join(sorted(allowed))}]")
 
     from_op_names = allow
 
@@ -175,15 +195,15 @@ class OperatorSupport:
                 node = src
             return not any(n in denied for n in node_op_names(node))
 
-        return cls(check, f"deny[{', '.join(sorted(denied))}]")
+        return cls._make(check, f"deny[{', '.join(sorted(denied))}]")
 
     @classmethod
     def everything(cls) -> OperatorSupport:
-        return cls(lambda _n, _c: True, "all")
+        return cls._make(lambda _n, _c: True, "all")
 
     @classmethod
     def nothing(cls) -> OperatorSupport:
-        return cls(lambda _n, _c: False, "none")
+        return cls._make(lambda _n, _c: False, "none")
 
     @classmethod
     def from_ort(cls, provider: str) -> OperatorSupport:
@@ -194,7 +214,7 @@ class OperatorSupport:
             return all(registry.supports_node(onnx_node, ctx.opset_imports)
                        for onnx_node in ctx.onnx_nodes.get(node.name, ()))
 
-        return cls(check, f"ort:{registry.provider}", needs_onnx=True)
+        return cls._make(check, f"ort:{registry.provider}", needs_onnx=True)
 
     # use
     def is_node_supported(self, node: torch.fx.Node,
@@ -212,18 +232,18 @@ class OperatorSupport:
     # combination
     def __and__(self, other: Any) -> OperatorSupport:
         o = resolve_support(other)
-        return OperatorSupport(lambda n, c: self._check(n, c) and o._check(n, c),
+        return OperatorSupport._make(lambda n, c: self._check(n, c) and o._check(n, c),
                                f"({self.description} & {o.description})",
                                self.needs_onnx or o.needs_onnx)
 
     def __or__(self, other: Any) -> OperatorSupport:
         o = resolve_support(other)
-        return OperatorSupport(lambda n, c: self._check(n, c) or o._check(n, c),
+        return OperatorSupport._make(lambda n, c: self._check(n, c) or o._check(n, c),
                                f"({self.description} | {o.description})",
                                self.needs_onnx or o.needs_onnx)
 
     def __invert__(self) -> OperatorSupport:
-        return OperatorSupport(lambda n, c: not self._check(n, c), f"~{self.description}",
+        return OperatorSupport._make(lambda n, c: not self._check(n, c), f"~{self.description}",
                                self.needs_onnx)
 
     def __repr__(self) -> str:
@@ -235,7 +255,8 @@ def resolve_support(spec: Any) -> OperatorSupport:
 
     Accepted: an ``OperatorSupport``; ``"ort:<ExecutionProvider>"``; a callable
     ``fx.Node -> bool``; an iterable of op names (an allow list); a mapping
-    ``{"allow": [...], "deny": [...]}`` (both given: allowed and not denied).
+    ``{"allow": [...], "deny": [...]}`` (both given: allowed and not denied); torch.fx's
+    ``OperatorSupportBase`` or its ``support_dict`` (op name -> dtypes; names only).
     """
     if isinstance(spec, OperatorSupport):
         return spec
@@ -244,22 +265,36 @@ def resolve_support(spec: Any) -> OperatorSupport:
             return OperatorSupport.from_ort(spec[len(ORT_PREFIX):])
         return OperatorSupport.allow([spec])
     if isinstance(spec, Mapping):
-        unknown = set(spec) - {"allow", "deny"}
-        if unknown:
-            raise _fail(f"support mapping keys must be 'allow' and/or 'deny', got "
-                        f"{', '.join(sorted(map(str, unknown)))}")
+        if not spec or not set(spec) <= {"allow", "deny"}:
+            # torch.fx's ``support_dict``: op name -> dtypes (dtypes are not checked here)
+            return OperatorSupport.allow([str(k) for k in spec])
         result = OperatorSupport.everything()
         if "allow" in spec:
             result = OperatorSupport.allow(spec["allow"])
         if "deny" in spec:
             result = result & OperatorSupport.deny(spec["deny"])
         return result
+    if hasattr(spec, "is_node_supported"):  # torch.fx.passes OperatorSupportBase
+        return _from_torch_support(spec)
     if callable(spec):
         return OperatorSupport.from_callable(spec)
     if isinstance(spec, Iterable):
         return OperatorSupport.allow(list(spec))
     raise _fail(f"support must be an OperatorSupport, a callable(fx.Node) -> bool, an "
                 f"iterable of op names or 'ort:<ExecutionProvider>', got {type(spec).__name__}")
+
+
+def _from_torch_support(base: Any) -> OperatorSupport:
+    modules: dict[int, dict[str, torch.nn.Module]] = {}
+
+    def check(node: torch.fx.Node, _ctx: SupportContext) -> bool:
+        owner = node.graph.owning_module
+        key = id(owner)
+        if key not in modules:
+            modules[key] = dict(owner.named_modules()) if owner is not None else {}
+        return bool(base.is_node_supported(modules[key], node))
+
+    return OperatorSupport._make(check, type(base).__name__)
 
 
 def load_support_file(path: str | os.PathLike[str]) -> OperatorSupport:

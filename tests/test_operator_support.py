@@ -77,6 +77,22 @@ def test_deny_list_and_combinations(graph):
     assert mapping(relu) and not mapping(gelu)
 
 
+def test_constructor_and_torch_fx_supports(graph):
+    from torch.fx.passes.operator_support import OperatorSupport as FxSupport
+
+    nodes = nodes_by_op(graph)
+    gelu, relu = nodes["aten.gelu.default"], nodes["aten.relu.default"]
+    both = OperatorSupport(["aten.gelu", "aten.relu"], deny=["aten.relu"])
+    assert both(gelu) and not both(relu)
+    assert OperatorSupport(deny=["aten.gelu"])(relu) and OperatorSupport()(gelu)
+    assert OperatorSupport(lambda n: n is gelu)(gelu)
+    # torch.fx's own support objects and support_dicts work as they are
+    fx = FxSupport({"torch.ops.aten.gelu.default": None})
+    assert resolve_support(fx)(gelu) and not resolve_support(fx)(relu)
+    as_dict = resolve_support({"aten.gelu.default": None})
+    assert as_dict(gelu) and not as_dict(relu)
+
+
 def test_callable_and_placeholders(graph):
     support = resolve_support(lambda n: "gelu" in n.name)
     nodes = nodes_by_op(graph)
@@ -94,7 +110,7 @@ def test_bad_specs_are_one_line_errors():
         OperatorSupport.allow(["gelu"])
     with pytest.raises(OnnxModularError, match="support must be"):
         resolve_support(42)
-    with pytest.raises(OnnxModularError, match="allow"):
+    with pytest.raises(OnnxModularError, match="unknown operator 'permit'|not an operator"):
         resolve_support({"permit": ["aten.gelu"]})
 
 
