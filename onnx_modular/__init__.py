@@ -12,6 +12,7 @@ from onnx_modular.diagnostics import (
     Rule,
     to_sarif,
 )
+from onnx_modular.export_api import ExportResult, capture, export, hook
 from onnx_modular.operator_support import OperatorSupport
 from onnx_modular.passes.modularize import CallInfo, modularize, module_call_chains
 from onnx_modular.runner import SplitRunner
@@ -19,6 +20,10 @@ from onnx_modular.split_api import SplitResult, split
 from onnx_modular.validate import ValidationReport, validate
 
 __all__ = [
+    "ExportResult",
+    "capture",
+    "export",
+    "hook",
     "CallInfo",
     "CompareReport",
     "Diagnostic",

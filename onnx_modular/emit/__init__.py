@@ -1,0 +1,6 @@
+"""Emit ONNX: translate once, outline module calls into deduplicated functions, optimize."""
+
+from onnx_modular.emit.outline import OutlineReport, outline
+from onnx_modular.emit.translate import Translation, fx_name, translate
+
+__all__ = ["OutlineReport", "Translation", "fx_name", "outline", "translate"]

@@ -1,0 +1,284 @@
+"""Outline ONNX nodes into nested local functions, one call per module call.
+
+Input: a flat ``ir.Model`` whose nodes name their FX node, and for every FX node the chain
+of module calls it ran in (``module_call_chains`` of the modularized program). Calls are
+outlined innermost first: a call's nodes (and its children's call nodes) move into a
+function body, values from outside become function inputs (weights included: functions
+hold no initializers), values used outside become outputs, and one call node takes their
+place. Bodies with equal structural keys share one ``FunctionProto``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import onnx_ir as ir
+
+from onnx_modular.emit.canonical import graph_key
+from onnx_modular.emit.translate import fx_name
+from onnx_modular.passes.modularize import CallInfo
+
+META_PATH = "onnx_modular.module_path"
+META_TYPE = "onnx_modular.module_type"
+META_CALL = "onnx_modular.call_id"
+META_FX_OUTPUTS = "onnx_modular.fx_outputs"
+DEFAULT_DOMAIN = "onnx_modular"
+
+Select = Callable[[CallInfo], bool]
+
+
+@dataclasses.dataclass
+class OutlineReport:
+    calls: int = 0
+    functions: int = 0
+    skipped: list[str] = dataclasses.field(default_factory=list)  # calls with no output
+    function_of_call: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(eq=False)
+class _Scope:
+    call: CallInfo | None
+    members: list[Any] = dataclasses.field(default_factory=list)  # ir.Node | _Scope
+    children: list[_Scope] = dataclasses.field(default_factory=list)
+
+
+def selector(functions: Any) -> Select | None:
+    """``"all"`` -> None (everything); an iterable of classes, class names or module paths."""
+    if functions in (None, "all"):
+        return None
+    if functions == "none":
+        return lambda call: False
+    if isinstance(functions, (str, type)):
+        functions = [functions]
+    wanted: set[str] = set()
+    for item in functions:
+        if isinstance(item, type):
+            wanted.add(f"{item.__module__}.{item.__qualname__}")
+        else:
+            wanted.add(str(item))
+
+    def select(call: CallInfo) -> bool:
+        short = call.module_type.rsplit(".", 1)[-1]
+        return bool({call.module_path, call.module_type, short} & wanted)
+
+    return select
+
+
+def _chains_per_node(nodes: list[ir.Node], chains: Mapping[str, tuple[CallInfo, ...]],
+                     select: Select | None) -> list[tuple[CallInfo, ...]]:
+    """Each node's selected chain; a node of unknown origin takes its surroundings'."""
+    result: list[tuple[CallInfo, ...] | None] = []
+    for node in nodes:
+        name = fx_name(node)
+        chain = chains.get(name) if name is not None else None
+        if chain is not None and select is not None:
+            chain = tuple(c for c in chain if select(c))
+        result.append(chain)
+    previous: tuple[CallInfo, ...] = ()
+    pending: list[int] = []
+    for i, chain in enumerate([*result, ()]):
+        if chain is None:
+            pending.append(i)
+            continue
+        common: list[CallInfo] = []
+        for a, b in zip(previous, chain):
+            if a != b:
+                break
+            common.append(a)
+        for p in pending:
+            result[p] = tuple(common)
+        pending.clear()
+        previous = chain
+    return [c if c is not None else () for c in result]
+
+
+def _localize_constants(graph: ir.Graph, nodes: list[ir.Node],
+                        per_node: list[tuple[CallInfo, ...]]) -> None:
+    """torch.onnx reuses one Constant across FX nodes; give each module call its own copy.
+
+    Otherwise the first layer owns the constant and later layers take it as an input, and
+    their bodies no longer match.
+    """
+    chain_of = dict(zip(nodes, per_node))
+    inserted: list[tuple[int, ir.Node, tuple[CallInfo, ...]]] = []
+    position = {node: i for i, node in enumerate(nodes)}
+    for i, node in enumerate(nodes):
+        if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or node.inputs:
+            continue
+        own = per_node[i]
+        copies: dict[tuple[CallInfo, ...], ir.Value] = {}
+        for use in list(node.outputs[0].uses()):
+            user_chain = chain_of.get(use.node)
+            if user_chain is None or user_chain == own:
+                continue
+            value = copies.get(user_chain)
+            if value is None:
+                clone = ir.Node("", "Constant", [], attributes=list(node.attributes.values()),
+                                name=f"{node.name}_{len(copies) + 1}",
+                                metadata_props=dict(use.node.metadata_props))
+                clone.outputs[0].name = f"{node.outputs[0].name}_{len(copies) + 1}"
+                clone.outputs[0].type = node.outputs[0].type
+                clone.outputs[0].shape = node.outputs[0].shape
+                value = copies[user_chain] = clone.outputs[0]
+                graph.insert_before(use.node, clone)
+                inserted.append((position[use.node], clone, user_chain))
+            use.node.replace_input_with(use.idx, value)
+    if not inserted:
+        return
+    # Splice the clones into the node list just before their first user.
+    by_position: dict[int, list[tuple[ir.Node, tuple[CallInfo, ...]]]] = {}
+    for pos, clone, chain in inserted:
+        by_position.setdefault(pos, []).append((clone, chain))
+    new_nodes: list[ir.Node] = []
+    new_chains: list[tuple[CallInfo, ...]] = []
+    for i, (node, chain) in enumerate(zip(nodes, per_node)):
+        for clone, clone_chain in by_position.get(i, []):
+            new_nodes.append(clone)
+            new_chains.append(clone_chain)
+        new_nodes.append(node)
+        new_chains.append(chain)
+    nodes[:] = new_nodes
+    per_node[:] = new_chains
+
+
+def _build_scopes(nodes: list[ir.Node], per_node: list[tuple[CallInfo, ...]]) -> _Scope:
+    root = _Scope(None)
+    scopes: dict[str, _Scope] = {}
+    for node, chain in zip(nodes, per_node):
+        parent = root
+        for call in chain:
+            scope = scopes.get(call.call_id)
+            if scope is None:
+                scope = scopes[call.call_id] = _Scope(call)
+                parent.members.append(scope)
+                parent.children.append(scope)
+            parent = scope
+        parent.members.append(node)
+    return root
+
+
+class _Outliner:
+    def __init__(self, model: ir.Model, dedupe: bool) -> None:
+        self.model = model
+        self.graph = model.graph
+        self.dedupe = dedupe
+        self.by_key: dict[str, tuple[str, str]] = {}
+        self.names: dict[tuple[str, str], int] = {}
+        self.report = OutlineReport()
+        self.call_nodes: dict[int, ir.Node] = {}  # id(scope) -> its call node
+        self.graph_outputs = set(self.graph.outputs)
+
+    def run(self, root: _Scope) -> None:
+        for scope in root.children:
+            self._visit(scope)
+        self.graph.sort()
+
+    def _visit(self, scope: _Scope) -> None:
+        for child in scope.children:
+            self._visit(child)
+        members = [m if isinstance(m, ir.Node) else self.call_nodes.get(id(m))
+                   for m in scope.members]
+        members = [m for m in members if m is not None]
+        if members:
+            call = self._outline(scope.call, members)
+            if call is not None:
+                self.call_nodes[id(scope)] = call
+
+    def _outline(self, info: CallInfo | None, members: list[ir.Node]) -> ir.Node | None:
+        assert info is not None
+        inside = set(members)
+        inputs: dict[ir.Value, ir.Value] = {}  # outer value -> function input
+        for node in members:
+            for value in node.inputs:
+                if value is not None and value.producer() not in inside and value not in inputs:
+                    inputs[value] = ir.Value(name=value.name, type=value.type,
+                                             shape=value.shape)
+        outputs = [v for node in members for v in node.outputs
+                   if v in self.graph_outputs or any(u.node not in inside for u in v.uses())]
+        if not outputs:
+            self.report.skipped.append(info.call_id)
+            return None
+
+        call = ir.Node("", "", list(inputs), num_outputs=len(outputs), name=info.call_id,
+                       metadata_props={
+                           META_PATH: info.module_path, META_TYPE: info.module_type,
+                           META_CALL: info.call_id,
+                           META_FX_OUTPUTS: json.dumps([_fx_of(v) for v in outputs]),
+                       })
+        for old, new in zip(outputs, call.outputs):
+            new.name, new.type, new.shape = old.name, old.type, old.shape
+            for use in list(old.uses()):
+                if use.node not in inside:
+                    use.node.replace_input_with(use.idx, new)
+            for i, out in enumerate(self.graph.outputs):
+                if out is old:
+                    self.graph.outputs[i] = new
+                    self.graph_outputs.discard(old)
+                    self.graph_outputs.add(new)
+        for node in members:
+            for i, value in enumerate(node.inputs):
+                if value is not None and value in inputs:
+                    node.replace_input_with(i, inputs[value])
+
+        self.graph.insert_before(members[0], call)
+        self.graph.remove(members, safe=False)
+        body = ir.Graph(list(inputs.values()), outputs, nodes=members,
+                        opset_imports=self._opsets(members), name=info.call_id)
+        domain, name = self._function_for(info, body)
+        call.domain, call.op_type = domain, name
+        self.report.calls += 1
+        self.report.function_of_call[info.call_id] = name
+        return call
+
+    def _function_for(self, info: CallInfo, body: ir.Graph) -> tuple[str, str]:
+        key = graph_key(body) if self.dedupe else None
+        if key is not None and key in self.by_key:
+            return self.by_key[key]
+        module, _, short = info.module_type.rpartition(".")
+        domain = module or DEFAULT_DOMAIN
+        base = re.sub(r"\W", "_", short) or "Module"
+        count = self.names.get((domain, base), 0)
+        self.names[(domain, base)] = count + 1
+        name = base if count == 0 else f"{base}_{count}"
+        function = ir.Function(domain, name, graph=body, attributes=[])
+        function.doc_string = info.module_type
+        self.model.functions[function.identifier()] = function
+        self.model.opset_imports.setdefault(domain, 1)
+        self.report.functions += 1
+        if key is not None:
+            self.by_key[key] = (domain, name)
+        return domain, name
+
+    def _opsets(self, nodes: Iterable[ir.Node]) -> dict[str, int]:
+        opsets = {"": self.model.opset_imports.get("", 18)}
+        for node in nodes:
+            if node.domain not in opsets:
+                opsets[node.domain] = self.model.opset_imports.get(node.domain, 1)
+        return opsets
+
+
+def _fx_of(value: ir.Value) -> str | None:
+    """The FX node whose value this is: torch.onnx names values after FX nodes."""
+    producer = value.producer()
+    if producer is not None and producer.metadata_props.get(META_FX_OUTPUTS):
+        names = json.loads(producer.metadata_props[META_FX_OUTPUTS])
+        return names[value.index()] if value.index() is not None else None
+    if producer is not None and fx_name(producer) == value.name:
+        return value.name
+    return value.name if producer is not None else None
+
+
+def outline(model: ir.Model, chains: Mapping[str, tuple[CallInfo, ...]], *,
+            select: Select | None = None, dedupe: bool = True) -> OutlineReport:
+    """Outline ``model`` in place; ``select`` keeps some calls as functions (default: all)."""
+    nodes = list(model.graph)
+    per_node = _chains_per_node(nodes, chains, select)
+    _localize_constants(model.graph, nodes, per_node)
+    root = _build_scopes(nodes, per_node)
+    outliner = _Outliner(model, dedupe)
+    outliner.run(root)
+    return outliner.report

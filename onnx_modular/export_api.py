@@ -1,0 +1,190 @@
+"""``om.export``: model -> hierarchical (or flat) ONNX; and ``om.hook`` for existing pipelines.
+
+Capture once, translate once (torch.onnx, unoptimized so that every node still names its FX
+node), fold weight-only nodes, outline module calls into deduplicated functions following
+the modularized program, then optimize each unique body once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import onnx
+import onnx_ir as ir
+import torch
+
+from onnx_modular._io import atomic_path
+from onnx_modular.diagnostics import Diagnostic, DiagnosticContext, Location, rules, to_sarif
+from onnx_modular.emit.optimize import fold_weights, optimize
+from onnx_modular.emit.outline import OutlineReport, outline, selector
+from onnx_modular.emit.translate import translate
+from onnx_modular.passes.modularize import modularize, module_call_chains
+
+TWO_GB = 2 * 1024**3
+
+
+def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None,
+            dynamic_shapes: Any = None,
+            ctx: DiagnosticContext | None = None) -> torch.export.ExportedProgram:
+    """``torch.export.export`` (non-strict); an ExportedProgram passes through unchanged."""
+    ctx = ctx if ctx is not None else DiagnosticContext()
+    if isinstance(model, torch.export.ExportedProgram):
+        return model
+    if not isinstance(model, torch.nn.Module):
+        raise ctx.error(rules.UNSUPPORTED_INPUT, reason=(
+            f"export() takes an nn.Module or an ExportedProgram, got {type(model).__name__}"))
+    if not isinstance(args, tuple):
+        args = (args,)
+    try:
+        return torch.export.export(model, args, kwargs or {}, dynamic_shapes=dynamic_shapes,
+                                   strict=False)
+    except Exception as e:
+        lines = [line for line in str(e).strip().splitlines() if line.strip()]
+        raise ctx.error(rules.EXPORT_FAILED, Location(module_path=""), reason=(
+            f"torch.export failed on {type(model).__name__}: "
+            f"{type(e).__name__}: {lines[0] if lines else ''}")) from e
+
+
+@dataclasses.dataclass
+class ExportResult:
+    """The exported model, its diagnostics and what it came from."""
+
+    model: ir.Model
+    diagnostics: list[Diagnostic]
+    exported_program: torch.export.ExportedProgram  # decomposed, as translated
+    graph_module: torch.fx.GraphModule | None  # the modularized program (None when flat)
+    report: OutlineReport | None
+
+    @property
+    def model_proto(self) -> onnx.ModelProto:
+        return ir.serde.serialize_model(self.model)
+
+    @property
+    def function_names(self) -> list[str]:
+        return [f.name for f in self.model.functions.values()]
+
+    def save(self, path: str | os.PathLike[str], *,
+             external_data_threshold: int = TWO_GB) -> None:
+        """Write atomically; weights go to ``<name>.data`` beside it above the threshold."""
+        save_model(self.model, path, external_data_threshold=external_data_threshold)
+
+    def to_sarif(self) -> dict[str, Any]:
+        return to_sarif(self.diagnostics)
+
+
+def _initializer_bytes(model: ir.Model) -> int:
+    return sum(v.const_value.nbytes for v in model.graph.initializers.values()
+               if v.const_value is not None)
+
+
+def save_model(model: ir.Model, path: str | os.PathLike[str], *,
+               external_data_threshold: int = TWO_GB) -> None:
+    """Atomic save: a failure leaves neither the model nor its data file behind."""
+    target = Path(path)
+    if _initializer_bytes(model) <= external_data_threshold:
+        with atomic_path(target) as tmp:
+            ir.save(model, tmp)
+        return
+    data_name = f"{target.name}.data"
+    # The data file's name is recorded inside the model, so write both in a private folder
+    # beside the target and move the data first, the model last.
+    with atomic_path(target) as tmp, tempfile.TemporaryDirectory(
+            dir=tmp.parent, prefix=".om-") as folder:
+        staged = Path(folder) / target.name
+        ir.save(model, staged, external_data=data_name)
+        os.replace(Path(folder) / data_name, target.parent / data_name)
+        os.replace(staged, tmp)
+
+
+def export(model: Any, args: Any = (), kwargs: dict[str, Any] | None = None, *,
+           functions: Any = "all", dedupe: bool = True, dynamic_shapes: Any = None,
+           opset: int | None = None, optimize_model: bool = True,
+           ctx: DiagnosticContext | None = None) -> ExportResult:
+    """Export ``model`` to ONNX with one local function per module call.
+
+    ``functions``: ``"all"``, ``"none"`` (flat), or an iterable of module classes, class
+    names or module paths (only those become functions; the rest is inlined into the parent).
+    ``dedupe``: structurally identical calls share one function.
+    """
+    ctx = ctx if ctx is not None else DiagnosticContext()
+    if not isinstance(args, tuple):
+        args = (args,)
+    program = capture(model, args, kwargs, dynamic_shapes, ctx)
+    translation = translate(program, opset=opset, ctx=ctx)
+    return emit(translation.model, translation.program, functions=functions, dedupe=dedupe,
+                optimize_model=optimize_model, ctx=ctx)
+
+
+def emit(model: ir.Model, program: torch.export.ExportedProgram, *, functions: Any = "all",
+         dedupe: bool = True, optimize_model: bool = True,
+         ctx: DiagnosticContext | None = None) -> ExportResult:
+    """Outline and optimize an unoptimized torch.onnx translation of ``program``, in place."""
+    ctx = ctx if ctx is not None else DiagnosticContext()
+    select = selector(functions)
+    gm: torch.fx.GraphModule | None = None
+    report = None
+    if optimize_model:
+        fold_weights(model)
+    if functions != "none":
+        gm = modularize(program, ctx)
+        with ctx.scope("Outline"):
+            report = outline(model, module_call_chains(gm), select=select,
+                                         dedupe=dedupe)
+        ctx.note(rules.FUNCTION_SUMMARY, functions=report.functions, calls=report.calls)
+        for call_id in report.skipped:
+            ctx.note(rules.UNOUTLINED, Location(module_path=call_id),
+                     reason=f"module call '{call_id}' has no output used outside it; "
+                     "its nodes stay in the parent")
+    if optimize_model:
+        with ctx.scope("Optimize"):
+            optimize(model)
+    return ExportResult(model, ctx.diagnostics, program, gm, report)
+
+
+# ---- the pre-export hook ---------------------------------------------------------------------
+
+_hook_lock = threading.Lock()
+_hook_settings: list[tuple[Any, bool]] = []  # innermost last; the wrapper reads the top
+_hook_original: list[Any] = []
+
+
+@contextlib.contextmanager
+def hook(functions: Any = "all", dedupe: bool = True) -> Iterator[None]:
+    """Make unchanged ``torch.onnx.export(..., dynamo=True)`` calls return hierarchical models.
+
+    torch.onnx's exporter builds the program in ``_core.export``; while the hook is active,
+    that step runs unoptimized (so every node still names its FX node), then the result is
+    outlined and, if the caller asked for optimization (the default), optimized per function.
+    The returned ``ONNXProgram`` and anything it saves carry the hierarchical model. Hooks
+    nest: the innermost settings apply; leaving the outermost restores torch.onnx.
+    """
+    from torch.onnx._internal.exporter import _core
+
+    with _hook_lock:
+        if not _hook_settings:
+            original = _core.export
+            _hook_original.append(original)
+
+            def export_hierarchical(*args: Any, optimize: bool = True, **kwargs: Any) -> Any:
+                onnx_program = original(*args, optimize=False, **kwargs)
+                chosen, dedup = _hook_settings[-1] if _hook_settings else ("all", True)
+                emit(onnx_program.model, onnx_program.exported_program, functions=chosen,
+                     dedupe=dedup, optimize_model=optimize)
+                return onnx_program
+
+            _core.export = export_hierarchical
+        _hook_settings.append((functions, dedupe))
+    try:
+        yield
+    finally:
+        with _hook_lock:
+            _hook_settings.pop()
+            if not _hook_settings:
+                _core.export = _hook_original.pop()
