@@ -57,6 +57,8 @@ def call_tree(model: onnx.ModelProto, max_children: int = 64) -> Tree:
     root = Tree(f"[bold]{model.graph.name or 'main graph'}[/bold]  "
                 f"[dim]{len(model.graph.node)} nodes[/dim]")
 
+    expanded: set[tuple[str, str]] = set()
+
     def add(parent: Tree, nodes: list[onnx.NodeProto], depth: int) -> None:
         shown = 0
         for node in nodes:
@@ -69,9 +71,13 @@ def call_tree(model: onnx.ModelProto, max_children: int = 64) -> Tree:
             shown += 1
             meta = {p.key: p.value for p in node.metadata_props}
             path = meta.get(MODULE_PATH_KEY, node.name)
+            key = (body.domain, body.name)
+            seen = key in expanded
+            note = ", body shown above" if seen else ""
             branch = parent.add(f"[cyan]{path}[/cyan]: {body.name} [dim]({body.domain}, "
-                                f"{len(body.node)} nodes)[/dim]")
-            if depth < 32:
+                                f"{len(body.node)} nodes{note})[/dim]")
+            if not seen and depth < 32:
+                expanded.add(key)
                 add(branch, list(body.node), depth + 1)
 
     add(root, list(model.graph.node), 0)
@@ -80,8 +86,8 @@ def call_tree(model: onnx.ModelProto, max_children: int = 64) -> Tree:
 
 def function_table(model: onnx.ModelProto) -> Table:
     table = Table(title="Functions")
-    for column in ("function", "domain", "nodes", "calls"):
-        table.add_column(column, justify="right" if column in ("nodes", "calls") else "left")
+    for column in ("function", "domain", "nodes", "call sites"):
+        table.add_column(column, justify="left" if column in ("function", "domain") else "right")
     for s in sorted(function_stats(model), key=lambda s: (-s.calls, s.name)):
         table.add_row(s.name, s.domain, str(s.nodes), str(s.calls))
     return table

@@ -1,0 +1,229 @@
+"""Hierarchical export: functions per module call, dedupe, numerics, determinism, saving."""
+
+from __future__ import annotations
+
+import collections
+import os
+
+import models
+import numpy as np
+import onnx
+import onnx.inliner
+import onnxruntime as ort
+import pytest
+import torch
+from torch import nn
+
+import onnx_modular as om
+from onnx_modular.emit.translate import quiet_torch_onnx
+from onnx_modular.examples import tiny_gpt, tiny_gpt_inputs
+
+
+def _run(proto: onnx.ModelProto, *args: torch.Tensor) -> list[np.ndarray]:
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {i.name: a.numpy() for i, a in zip(session.get_inputs(), args)}
+    return session.run(None, feeds)
+
+
+def _flat_torch(model: nn.Module, args: tuple) -> onnx.ModelProto:
+    with quiet_torch_onnx():
+        return torch.onnx.export(model, args, dynamo=True, optimize=True).model_proto
+
+
+def _calls(proto: onnx.ModelProto) -> collections.Counter[str]:
+    names = {f.name for f in proto.functions}
+    nodes = list(proto.graph.node) + [n for f in proto.functions for n in f.node]
+    return collections.Counter(n.op_type for n in nodes if n.op_type in names)
+
+
+def _non_constant(nodes) -> int:
+    return sum(1 for n in nodes if n.op_type != "Constant")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model, args = tiny_gpt(), tiny_gpt_inputs()
+    return model, args, om.export(model, args)
+
+
+def test_tiny_gpt_one_function_per_layer_class(tiny) -> None:
+    model, args, result = tiny
+    proto = result.model_proto
+    onnx.checker.check_model(proto, full_check=True)
+    calls = _calls(proto)
+    assert calls["Block"] == 4 and "Block_1" not in calls  # 4 layers, one prototype
+    block = next(f for f in proto.functions if f.name == "Block")
+    assert block.domain == "onnx_modular.examples"
+    assert block.doc_string == "onnx_modular.examples.Block"
+    assert not any(n.op_type == "Constant" and n.attribute[0].t.dims and
+                   np.prod(n.attribute[0].t.dims) > 64 for n in block.node)  # no baked weights
+    call = next(n for n in proto.graph.node if n.op_type == "Block")
+    meta = {p.key: p.value for p in call.metadata_props}
+    assert meta["onnx_modular.module_path"] == "blocks.0"
+    assert meta["onnx_modular.module_type"] == "onnx_modular.examples.Block"
+    expected = model(*args).detach().numpy()
+    np.testing.assert_allclose(_run(proto, *args)[0], expected, atol=1e-4, rtol=1e-4)
+
+
+def test_matches_flat_export_and_inlines_to_its_size(tiny) -> None:
+    model, args, result = tiny
+    proto = result.model_proto
+    flat = _flat_torch(model, args)
+    np.testing.assert_allclose(_run(proto, *args)[0], _run(flat, *args)[0], atol=1e-6)
+    inlined = onnx.inliner.inline_local_functions(proto)
+    assert _non_constant(inlined.graph.node) <= 1.1 * _non_constant(flat.graph.node)
+    ours_flat = om.export(model, args, functions="none").model_proto
+    assert not ours_flat.functions
+    np.testing.assert_allclose(_run(ours_flat, *args)[0], _run(flat, *args)[0], atol=1e-6)
+
+
+def test_deterministic_bytes(tiny, tmp_path) -> None:
+    result = tiny[2]
+    a, b = tmp_path / "a.onnx", tmp_path / "b.onnx"
+    result.save(a)
+    om.export(tiny_gpt(), tiny_gpt_inputs()).save(b)
+    assert a.read_bytes() == b.read_bytes()
+
+
+class GatedBlock(nn.Module):
+    def __init__(self, gelu: bool) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.act = nn.GELU() if gelu else nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.act(self.fc(x))
+
+
+class Mixed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([GatedBlock(False), GatedBlock(False), GatedBlock(True)])
+        self.shared = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return self.shared(torch.tanh(self.shared(x)))
+
+
+def test_really_different_bodies_get_separate_functions_and_shared_calls_share() -> None:
+    model, args = Mixed().eval(), models.x8()
+    proto = om.export(model, args).model_proto
+    onnx.checker.check_model(proto, full_check=True)
+    calls = _calls(proto)
+    assert calls["GatedBlock"] == 2 and calls["GatedBlock_1"] == 1
+    shared = [n for n in proto.graph.node
+              if any(p.value == "shared" for p in n.metadata_props)]
+    assert len(shared) == 2 and shared[0].op_type == shared[1].op_type
+    ids = [next(p.value for p in n.metadata_props if p.key == "onnx_modular.call_id")
+           for n in shared]
+    assert ids[0] != ids[1]
+    np.testing.assert_allclose(_run(proto, *args)[0], model(*args).detach().numpy(), atol=1e-5)
+    no_dedupe = om.export(model, args, dedupe=False).model_proto
+    assert len(no_dedupe.functions) > len(proto.functions)
+
+
+@pytest.mark.parametrize("functions, expected", [
+    (["GatedBlock"], {"GatedBlock", "GatedBlock_1"}),
+    ([GatedBlock], {"GatedBlock", "GatedBlock_1"}),
+    (["layers.2", "shared"], {"GatedBlock", "Linear"}),
+])
+def test_function_subsets(functions, expected) -> None:
+    model, args = Mixed().eval(), models.x8()
+    proto = om.export(model, args, functions=functions).model_proto
+    assert {f.name for f in proto.functions} == expected
+    np.testing.assert_allclose(_run(proto, *args)[0], model(*args).detach().numpy(), atol=1e-5)
+
+
+def test_multiple_outputs_kwargs_buffers() -> None:
+    model, args = models.MultiOut().eval(), models.x8()
+    kwargs = {"bias": torch.randn(8)}
+    result = om.export(model, args, kwargs)
+    proto = result.model_proto
+    onnx.checker.check_model(proto, full_check=True)
+    expected = [t.detach().numpy() for t in model(*args, **kwargs)]
+    session = ort.InferenceSession(proto.SerializeToString())
+    got = session.run(None, {"x": args[0].numpy(), "bias": kwargs["bias"].numpy()})
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g, e, atol=1e-6)
+    assert "TwoOut" in {f.name for f in proto.functions}
+
+
+@pytest.mark.parametrize("name, layer", [("gpt2", "GPT2Block"), ("llama", "LlamaDecoderLayer"),
+                                         ("bert", "BertLayer")])
+def test_transformers(name: str, layer: str) -> None:
+    model, args = models.TRANSFORMERS[name](3)
+    proto = om.export(model, args).model_proto
+    onnx.checker.check_model(proto, full_check=True)
+    calls = _calls(proto)
+    assert calls[layer] == 3 and f"{layer}_1" not in calls
+    expected = model(*args).detach().numpy()
+    got = _run(proto, *args)[0]
+    np.testing.assert_allclose(got, expected, atol=1e-4, rtol=1e-4)
+    flat = _flat_torch(model, args)
+    np.testing.assert_allclose(got, _run(flat, *args)[0], atol=1e-6)
+    inlined = onnx.inliner.inline_local_functions(proto)
+    assert _non_constant(inlined.graph.node) <= 1.1 * _non_constant(flat.graph.node)
+
+
+def test_dynamic_batch_and_opset() -> None:
+    model, args = models.Stack(2).eval(), models.x8(2)
+    batch = torch.export.Dim("batch", min=1, max=64)
+    proto = om.export(model, args, dynamic_shapes=({0: batch},), opset=19).model_proto
+    assert {o.domain: o.version for o in proto.opset_import}[""] == 19
+    x5 = torch.randn(5, 8)
+    np.testing.assert_allclose(_run(proto, x5)[0], model(x5).detach().numpy(), atol=1e-5)
+
+
+def test_exported_program_input_and_external_data(tmp_path) -> None:
+    model, args = models.Stack(3, dim=16).eval(), (torch.randn(2, 16),)
+    ep = torch.export.export(model, args)
+    result = om.export(ep)
+    path = tmp_path / "m.onnx"
+    result.save(path, external_data_threshold=100)  # lowered from 2 GB
+    assert (tmp_path / "m.onnx.data").stat().st_size > 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data"]
+    loaded = onnx.load(str(path))
+    np.testing.assert_allclose(_run(loaded, *args)[0], model(*args).detach().numpy(),
+                               atol=1e-5)
+    # The in-memory model still holds its weights: it saves again, inline this time.
+    result.save(tmp_path / "again.onnx")
+    again = onnx.load(str(tmp_path / "again.onnx"))
+    np.testing.assert_allclose(_run(again, *args)[0], _run(loaded, *args)[0])
+
+
+def test_save_to_unwritable_place_leaves_nothing(tmp_path) -> None:
+    result = om.export(models.Stack(1).eval(), models.x8())
+    with pytest.raises(FileNotFoundError):
+        result.save(tmp_path / "missing" / "m.onnx")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    os.chmod(locked, 0o500)
+    try:
+        if os.access(locked, os.W_OK):
+            pytest.skip("running as a user who can write anywhere")
+        with pytest.raises(PermissionError):
+            result.save(locked / "m.onnx")
+        assert list(locked.iterdir()) == []
+    finally:
+        os.chmod(locked, 0o700)
+
+
+def test_untranslatable_op_is_a_clear_error() -> None:
+    lib = torch.library.Library("om_test_export", "FRAGMENT")
+    lib.define("mystery(Tensor x) -> Tensor")
+    lib.impl("mystery", lambda x: x * 2, "CompositeExplicitAutograd")
+    lib.impl("mystery", lambda x: torch.empty_like(x), "Meta")
+
+    class Weird(nn.Module):
+        def forward(self, x):
+            return torch.ops.om_test_export.mystery(x) + 1
+
+    with pytest.raises(om.OnnxModularError, match="OM0202.*torch.onnx could not translate"):
+        om.export(Weird(), (torch.randn(3),))
+
+
+def test_not_a_module_is_a_clear_error() -> None:
+    with pytest.raises(om.OnnxModularError, match="nn.Module or an ExportedProgram"):
+        om.export(lambda x: x, (torch.randn(2),))

@@ -1,0 +1,45 @@
+"""The pre-export hook: unchanged torch.onnx.export calls return the hierarchical model."""
+
+from __future__ import annotations
+
+import models
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+
+import onnx_modular as om
+from onnx_modular.emit.translate import quiet_torch_onnx
+
+
+def _export(model, args, path=None):
+    with quiet_torch_onnx():
+        return torch.onnx.export(model, args, path, dynamo=True)
+
+
+def test_hook_makes_torch_onnx_export_hierarchical(tmp_path) -> None:
+    model, args = models.Stack(3).eval(), models.x8()
+    path = tmp_path / "hooked.onnx"
+    with om.hook(functions="all"):
+        program = _export(model, args, str(path))
+    names = [f.name for f in program.model.functions.values()]
+    assert names.count("Block") == 1
+    saved = onnx.load(str(path))
+    assert {f.name for f in saved.functions} == set(names)
+    onnx.checker.check_model(saved, full_check=True)
+    session = ort.InferenceSession(str(path))
+    got = session.run(None, {session.get_inputs()[0].name: args[0].numpy()})[0]
+    np.testing.assert_allclose(got, model(*args).detach().numpy(), atol=1e-5)
+    # Outside the hook, torch.onnx is untouched: flat again.
+    assert len(_export(model, args).model.functions) == 0
+
+
+def test_hooks_nest_and_the_innermost_settings_apply() -> None:
+    model, args = models.Stack(2).eval(), models.x8()
+    with om.hook(functions="all"):
+        with om.hook(functions=["Block"]):
+            inner = _export(model, args)
+        outer = _export(model, args)
+    assert {f.name for f in inner.model.functions.values()} == {"Block"}
+    assert {"Block", "LayerNorm", "Linear"} <= {f.name for f in outer.model.functions.values()}
+    assert len(_export(model, args).model.functions) == 0
