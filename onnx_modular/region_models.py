@@ -230,6 +230,8 @@ def single_model(model: ir.Model, regions: Sequence[RegionGraph]) -> ir.Model:
     calls: list[ir.Node] = []
     functions: dict[ir.OperatorIdentifier, ir.Function] = {}
     opsets = dict(work.graph.opset_imports)
+    for region in regions:  # module functions inside regions bring their own domains
+        opsets.update(region.model.opset_imports)
     for region in regions:
         region_model = ir.serde.deserialize_model(ir.serde.serialize_model(region.model))
         _merge_functions(functions, region_model, region.name)
