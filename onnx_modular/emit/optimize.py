@@ -30,3 +30,12 @@ def optimize(model: ir.Model) -> None:
     hierarchical export cheaper than the flat optimizer's pass over 48 copies.
     """
     onnxscript.optimizer.optimize_ir(model, inline=False)
+    remove_unused_initializers(model.graph)
+
+
+def remove_unused_initializers(graph: ir.Graph) -> None:
+    """Folding and deduplication can leave weights nobody reads; ORT would warn about each."""
+    keep = set(graph.inputs) | set(graph.outputs)
+    for name, value in list(graph.initializers.items()):
+        if value not in keep and not value.uses():
+            del graph.initializers[name]
