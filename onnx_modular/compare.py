@@ -60,16 +60,62 @@ def _attr_key(attr: ir.Attr) -> Any:
     return (kind.name, repr(attr.value))
 
 
+#: Constants up to this many elements enter the topology hash by value (shapes, axes,
+#: scalars); larger ones (weights) by dtype and shape only.
+SMALL_CONSTANT = 16
+
+
+def _array_key(array: np.ndarray) -> str:
+    data = hashlib.sha256(array.tobytes()).hexdigest() if array.size <= SMALL_CONSTANT else ""
+    return _h("constant", str(array.dtype), tuple(array.shape), data)
+
+
+def _initializer_key(value: ir.Value) -> str:
+    tensor = value.const_value
+    if tensor is None:
+        return _h("initializer", str(value.dtype), value.shape and tuple(value.shape))
+    if tensor.size <= SMALL_CONSTANT:
+        return _array_key(tensor.numpy())
+    return _h("constant", str(np.dtype(tensor.dtype.numpy())), tuple(tensor.shape), "")
+
+
+def _constant_key(node: ir.Node) -> str | None:
+    """A Constant node's value, keyed as an initializer holding it would be."""
+    if len(node.attributes) != 1:
+        return None
+    (name, attr), = node.attributes.items()
+    scalars = {"value_float": np.float32, "value_int": np.int64,
+               "value_floats": np.float32, "value_ints": np.int64}
+    if name == "value":
+        return _array_key(attr.as_tensor().numpy())
+    if name in scalars:
+        return _array_key(np.asarray(attr.value, dtype=scalars[name]))
+    return None
+
+
 def _graph_hash(graph: ir.Graph) -> str:
-    """Hash of op types, attributes and wiring; value and node names do not enter."""
+    """Hash of op types, attributes and wiring; value and node names do not enter.
+
+    A Constant node hashes like the initializer it could be folded to and an Identity
+    passes its input's key on, so a model and its constant-folded twin hash alike.
+    """
     key: dict[ir.Value, str] = {}
     for i, value in enumerate(graph.inputs):
         key[value] = _h("input", i, str(value.dtype), value.shape and len(value.shape))
     for value in graph.initializers.values():
         if value not in key:
-            key[value] = _h("initializer", str(value.dtype), value.shape and tuple(value.shape))
+            key[value] = _initializer_key(value)
     node_keys = []
     for node in graph:
+        if node.domain in ("", "ai.onnx") and node.op_type == "Identity" and node.inputs:
+            source = node.inputs[0]
+            key[node.outputs[0]] = key.get(source, "outer") if source is not None else "none"
+            continue
+        if node.domain in ("", "ai.onnx") and node.op_type == "Constant":
+            constant = _constant_key(node)
+            if constant is not None:
+                key[node.outputs[0]] = constant
+                continue
         attrs = tuple(sorted((name, _attr_key(a)) for name, a in node.attributes.items()))
         inputs = tuple(key.get(v, "outer") if v is not None else "none" for v in node.inputs)
         nk = _h(node.domain, node.op_type, attrs, inputs)

@@ -125,3 +125,22 @@ def hierarchical(model: Net, *, layer_ops: dict[int, str] | None = None,
     proto.ir_version = 10
     onnx.checker.check_model(proto, full_check=True)
     return proto
+
+
+def isolate_call(proto: onnx.ModelProto, call_id: str,
+                 within: onnx.FunctionProto | None = None) -> onnx.FunctionProto:
+    """Give the call node ``call_id`` (in the main graph or in ``within``) a private copy of
+    its function, so that a change planted in the copy affects that one call only."""
+    nodes = within.node if within is not None else proto.graph.node
+    for node in nodes:
+        meta = {p.key: p.value for p in node.metadata_props}
+        if meta.get("onnx_modular.call_id") != call_id:
+            continue
+        original = next(f for f in proto.functions
+                        if f.name == node.op_type and f.domain == node.domain)
+        copy = proto.functions.add()
+        copy.CopyFrom(original)
+        copy.name = f"{original.name}_planted_{len(proto.functions)}"
+        node.op_type = copy.name
+        return copy
+    raise AssertionError(f"no call node {call_id}")

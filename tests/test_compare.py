@@ -127,3 +127,54 @@ def test_topology_hash_ignores_names(twins):
         node.input[:] = [mapping.get(n, n) for n in node.input]
         node.output[:] = [mapping.get(n, n) for n in node.output]
     assert topology_hash(renamed) == topology_hash(hier)
+
+
+@pytest.fixture(scope="module")
+def export_twins() -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    import models
+
+    model, args = models.gpt2(2)
+    return (om.export(model, args).model_proto,
+            om.export(model, args, functions="none").model_proto)
+
+
+def test_om_export_hierarchical_vs_flat(export_twins, tmp_path):
+    hier, flat = export_twins
+    assert hier.functions and not flat.functions
+    rep = om.compare(hier, flat)
+    assert rep.equivalent, rep.summary()
+    assert rep.a.nodes < rep.b.nodes  # shared bodies are stored once
+    console, _ = _console()
+    onnx.save(hier, tmp_path / "h.onnx")
+    onnx.save(flat, tmp_path / "f.onnx")
+    assert run_compare(tmp_path / "h.onnx", tmp_path / "f.onnx", console=console) == 0
+    # alter one of them: a Gemm inside the (shared) Conv1D body scales its result
+    altered = onnx.ModelProto()
+    altered.CopyFrom(hier)
+    conv = next(f for f in altered.functions if f.name.startswith("Conv1D"))
+    next(n for n in conv.node if n.op_type == "Gemm").attribute.append(
+        helper.make_attribute("alpha", 1.01))
+    onnx.save(altered, tmp_path / "a.onnx")
+    assert run_compare(tmp_path / "a.onnx", tmp_path / "f.onnx", console=console) == 1
+    (tmp_path / "c.onnx").write_bytes((tmp_path / "h.onnx").read_bytes()[:100])
+    assert run_compare(tmp_path / "c.onnx", tmp_path / "f.onnx", console=console) == 2
+
+
+def test_topology_hash_folds_constants_and_identities():
+    def model(folded: bool) -> onnx.ModelProto:
+        shape = onnx.numpy_helper.from_array(np.array([4, 2], np.int64), "shape")
+        nodes = [helper.make_node("Reshape", ["x", "shape"], ["y"])]
+        inits = [shape]
+        if not folded:  # the shape as a Constant node, behind an Identity
+            nodes = [helper.make_node("Constant", [], ["c"], value=shape),
+                     helper.make_node("Identity", ["c"], ["shape"]), *nodes]
+            inits = []
+        return helper.make_model(helper.make_graph(
+            nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 2])], inits))
+
+    assert topology_hash(model(True)) == topology_hash(model(False))
+    other = model(True)
+    other.graph.initializer[0].CopyFrom(
+        onnx.numpy_helper.from_array(np.array([8, 1], np.int64), "shape"))
+    assert topology_hash(other) != topology_hash(model(True))  # small constants by value

@@ -230,6 +230,53 @@ def test_probe_names_survive_inlining():
     assert len({c.outputs[0] for c in probe.calls}) == 6
 
 
+# ---- hierarchical exports from om.export ---------------------------------------------------
+
+@pytest.fixture(scope="module")
+def gpt2_hier() -> tuple[nn.Module, tuple, onnx.ModelProto]:
+    model, args = models.gpt2(3)
+    return model, args, om.export(model, args).model_proto
+
+
+def test_hierarchical_export_validates(gpt2_hier):
+    model, args, proto = gpt2_hier
+    assert proto.functions
+    rep = om.validate(model, args, proto, providers="cpu", localize=True)
+    assert rep.ok, rep.summary()
+    loc = rep.localization
+    assert loc.kind == "hierarchical" and loc.divergences == []
+    # every module call instance, nested ones in shared bodies included, was paired
+    assert loc.calls_checked >= 1 + 2 + 3 * 9
+
+
+def test_hierarchical_planted_weight(gpt2_hier):
+    model, args, proto = gpt2_hier
+    bad = _scale_initializer(proto, "model.h.1.mlp.c_fc.weight", 1.1)
+    rep = om.validate(model, args, bad, providers="cpu")
+    assert not rep.ok and rep.first_mismatch == "model.h.1.mlp.c_fc"
+    assert all(not d.module_path.startswith("model.h.0") for d in rep.localization.divergences)
+
+
+def test_hierarchical_planted_in_function_body(gpt2_hier):
+    """An error inside the body of the Conv1D that only model.h.2's c_fc call uses."""
+    model, args, proto = gpt2_hier
+    bad = _copy(proto)
+    model_fn = hand_hier.isolate_call(bad, "model")
+    block = hand_hier.isolate_call(bad, "model.h.2", model_fn)
+    mlp = hand_hier.isolate_call(bad, "model.h.0.mlp", block)  # shared body: h.0's metadata
+    conv = hand_hier.isolate_call(bad, "model.h.0.mlp.c_fc", mlp)
+    gemm = next(n for n in conv.node if n.op_type == "Gemm")
+    gemm.attribute.append(onnx.helper.make_attribute("alpha", 1.05))
+    rep = om.validate(model, args, bad, providers="cpu")
+    assert not rep.ok and rep.first_mismatch == "model.h.2.mlp.c_fc"
+    # a residual Add turned Sub in the block body that only model.h.1 calls
+    bad = _copy(proto)
+    block = hand_hier.isolate_call(bad, "model.h.1", hand_hier.isolate_call(bad, "model"))
+    [n for n in block.node if n.op_type == "Add"][-1].op_type = "Sub"
+    rep = om.validate(model, args, bad, providers="cpu")
+    assert not rep.ok and rep.first_mismatch == "model.h.1"
+
+
 # ---- inputs, files, providers: clear one-line errors -----------------------------------------
 
 def _one_line(exc: pytest.ExceptionInfo) -> str:
