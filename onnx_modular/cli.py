@@ -86,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument("--acc-ep", metavar="NAME", help="ONNX Runtime execution provider name")
     how.add_argument("--split-points", metavar="P",
                      help="pipeline stages, e.g. 'h.4:beginning,h.9:end'")
+    how.add_argument("--markers", action="store_true",
+                     help="pipeline stages at the model's om.pipe_split() markers")
     p.add_argument("--min-acc-size", type=int, default=1)
     p.add_argument("--max-acc-splits", type=int, default=-1)
     p.add_argument("--preview", action="store_true", help="print the support/region preview")
@@ -188,8 +190,8 @@ def cmd_split(args: argparse.Namespace) -> int:
 
     model, inputs, kwargs = _load(args)
     with _step("Splitting"):
-        if args.split_points:
-            points = _parse_split_points(args.split_points)
+        if args.split_points or args.markers:
+            points = _parse_split_points(args.split_points) if args.split_points else None
             parts = om.split_stages(model, inputs, split_points=points, kwargs=kwargs or None)
         else:
             if args.acc_ops:

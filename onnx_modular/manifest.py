@@ -10,6 +10,10 @@ A parts directory holds one standalone ONNX model per part and ``manifest.json``
                   "inputs":  [{"name", "dtype", "shape", "from": <part name> | "input"}],
                   "outputs": [{"name", "dtype", "shape", "to": [<part name> | "output"]}]}]}
 
+Stages (``kind: "stages"``) add ``"split_by"`` (markers, split_points or callback), per part
+``"parameters"`` and ``"parameter_bytes"``, and ``"shared_parameters": {name: {"stages": [...],
+"bytes", "handling": "copied"}}`` for weights several stages read (each holds a copy).
+
 Parts are listed in execution order; values are matched by name. :class:`SplitRunner` runs
 any ``kind`` but ``cpu`` on the accelerator providers.
 """

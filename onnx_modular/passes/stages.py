@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 from collections.abc import Callable, Mapping
 
 import torch
@@ -95,7 +96,7 @@ def from_split_points(ep: torch.export.ExportedProgram, split_points: Mapping[st
         if not positions:
             if path not in known:
                 raise ctx.error(rules.SPLIT_POINT, Location(module_path=path), reason=(
-                    f"split point '{path}' names no module of the model"))
+                    f"split point '{path}' names no module of the model{_hint(path, known)}"))
             raise ctx.error(rules.SPLIT_POINT, Location(module_path=path), reason=(
                 f"split point '{path}': the module never runs on these inputs"))
         cuts.append(positions[0] if where == "beginning" else positions[-1] + 1)
@@ -106,6 +107,13 @@ def from_split_points(ep: torch.export.ExportedProgram, split_points: Mapping[st
             stage, k = stage + 1, k + 1
         result[node.name] = stage
     return _renumbered(result, "split_points")
+
+
+def _hint(path: str, known: set[str]) -> str:
+    """The module the user probably meant: a wrapper's prefix missing, or a typo."""
+    near = sorted((k for k in known if k.endswith("." + path)), key=len)
+    near = near or difflib.get_close_matches(path, sorted(k for k in known if k), n=1)
+    return f" (did you mean '{near[0]}'?)" if near else ""
 
 
 def from_callback(ep: torch.export.ExportedProgram, callback: Callable[[torch.fx.Node], int],
@@ -164,6 +172,12 @@ def _renumbered(stage_of: dict[str, int], how: str) -> StageAssignment:
     return StageAssignment({n: rank[s] for n, s in stage_of.items()}, len(used), how)
 
 
+def combined(first: StageAssignment, second: StageAssignment) -> StageAssignment:
+    """Cut where either of two in-order assignments cuts (markers and split points together)."""
+    stage_of = {n: s + second.stage_of.get(n, 0) for n, s in first.stage_of.items()}
+    return _renumbered(stage_of, f"{first.how}+{second.how}")
+
+
 def without_markers(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
     """A copy of the program with the markers erased, ready to translate."""
     if not any(is_marker(n) for n in ep.graph.nodes):
@@ -181,12 +195,14 @@ def decomposed_assignment(assignment: StageAssignment,
     result: dict[str, int] = {}
     last = 0
     for node in _compute_nodes(decomposed.graph):
-        stage = assignment.stage_of.get(node.name)
+        # provenance first: a decomposed node may reuse the name of an unrelated captured one
+        stage = None
+        for source in node.meta.get("from_node") or []:
+            stage = _stage_of_source(source, assignment.stage_of)
+            if stage is not None:
+                break
         if stage is None:
-            for source in node.meta.get("from_node") or []:
-                stage = _stage_of_source(source, assignment.stage_of)
-                if stage is not None:
-                    break
+            stage = assignment.stage_of.get(node.name)
         if stage is None:  # created by a pass with no provenance: stays with its producer
             stage = max((result.get(a.name, 0) for a in node.all_input_nodes), default=last)
         result[node.name] = last = stage

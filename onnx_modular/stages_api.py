@@ -1,0 +1,201 @@
+"""``om.split_stages`` / ``om.split_by``: a model cut into pipeline stages, one ONNX model each.
+
+Stages come from ``pipe_split()`` markers, split points at module boundaries, or a
+``node -> int`` callback (:mod:`onnx_modular.passes.stages` decides them on the captured
+program). Everything after that is the acc/CPU split's machinery: the program is translated
+once, ONNX nodes follow their FX node into a stage, stage models are outlined into module
+functions, and ``save`` writes the same parts format, so :class:`SplitRunner` chains stages.
+
+Parameters live in the stage that reads them. A parameter several stages read (tied
+embedding and output weights) is **copied** into each of those stages, so every stage model is
+self-contained and runs on its own device; the manifest lists each such copy under
+``shared_parameters``. Nothing else is duplicated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+
+from onnx_modular.diagnostics import DiagnosticContext, rules
+from onnx_modular.manifest import build_manifest
+from onnx_modular.operator_support import CALLABLE_OPS
+from onnx_modular.passes import stages as stage_pass
+from onnx_modular.passes.split import Region, SplitPlan, _describe_regions, build_split_module
+from onnx_modular.split_api import SplitResult, capture_program, translate_program
+
+STAGE_PREFIX = "stage_"
+SHARED_HANDLING = "copied"
+
+
+@dataclasses.dataclass
+class Stage(Region):
+    """One pipeline stage; runs on the accelerator providers like an acc region."""
+
+    @property
+    def kind(self) -> str:
+        return "stage"
+
+
+class StagesResult(SplitResult):
+    """Pipeline stages of a model: ``stages``, ``graph_module`` (runs in torch), ``save``."""
+
+    def __init__(self, *args: Any, how: str = "", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.how = how
+
+    @property
+    def stages(self) -> list[Region]:
+        return self.plan.regions
+
+    def __repr__(self) -> str:
+        parts = " ".join(f"{r.name}({len(r.node_names)})" for r in self.regions)
+        return f"StagesResult({self.how}: {parts})"
+
+    def parameters_of(self) -> dict[str, dict[str, int]]:
+        """Stage name -> {initializer name: bytes} of its standalone model."""
+        return {g.name: {name: _nbytes(v) for name, v in g.model.graph.initializers.items()}
+                for g in self.region_graphs()}
+
+    def shared_parameters(self) -> dict[str, dict[str, Any]]:
+        """Initializers read by more than one stage: each such stage holds a copy."""
+        stages_of: dict[str, list[str]] = {}
+        size: dict[str, int] = {}
+        for stage, params in self.parameters_of().items():
+            for name, nbytes in params.items():
+                stages_of.setdefault(name, []).append(stage)
+                size[name] = nbytes
+        return {name: {"stages": where, "bytes": size[name], "handling": SHARED_HANDLING}
+                for name, where in stages_of.items() if len(where) > 1}
+
+    def manifest(self) -> dict[str, Any]:
+        """The parts manifest (``kind: "stages"``) plus where each stage's weights went."""
+        spec = self.program.call_spec
+        manifest = build_manifest(self.onnx_model.graph, self.region_graphs(), kind="stages",
+                                  in_spec=spec.in_spec, out_spec=spec.out_spec,
+                                  fx_nodes={r.name: len(r.node_names) for r in self.regions})
+        params = self.parameters_of()
+        for entry in manifest["regions"]:
+            entry["parameters"] = len(params[entry["name"]])
+            entry["parameter_bytes"] = sum(params[entry["name"]].values())
+        manifest["split_by"] = self.how
+        manifest["shared_parameters"] = self.shared_parameters()
+        return manifest
+
+    def preview(self, console: Any = None) -> None:
+        """Print one row per stage: nodes, border values, weights."""
+        from rich.console import Console
+        from rich.table import Table
+
+        console = console or Console()
+        table = Table(title=f"Stages ({self.how})")
+        for col in ("stage", "nodes", "inputs", "outputs", "output bytes", "weight bytes"):
+            table.add_column(col, justify="left" if col == "stage" else "right")
+        params = self.parameters_of()
+        for r in self.regions:
+            table.add_row(r.name, str(len(r.node_names)), str(len(r.inputs)),
+                          str(len(r.outputs)), str(r.output_bytes),
+                          str(sum(params[r.name].values())))
+        console.print(table)
+
+
+def _nbytes(value: Any) -> int:
+    tensor = value.const_value
+    return int(tensor.nbytes) if tensor is not None else 0
+
+
+def _module_names(model: Any) -> set[str] | None:
+    if isinstance(model, torch.nn.Module):
+        return {name for name, _ in model.named_modules()}
+    return None
+
+
+def _capture(model: Any, args: Sequence[Any] | None, kwargs: dict[str, Any] | None,
+             ctx: DiagnosticContext) -> torch.export.ExportedProgram:
+    if isinstance(model, torch.nn.Module) and args is None and not kwargs:
+        raise ctx.error(rules.BAD_INPUT, reason=(
+            f"example inputs are needed to capture {type(model).__name__}: pass args= "
+            "(or an ExportedProgram)"))
+    return capture_program(model, args if args is not None else (), kwargs, ctx)
+
+
+def split_stages(model: Any, args: Sequence[Any] | None = None,
+                 split_points: Mapping[str, Any] | None = None, *,
+                 kwargs: dict[str, Any] | None = None, opset: int | None = None,
+                 hierarchical: bool = True, ctx: DiagnosticContext | None = None
+                 ) -> StagesResult:
+    """Pipeline stages at ``pipe_split()`` markers and/or ``split_points``.
+
+    ``split_points``: module path -> ``"beginning"`` (cut before the module's call) or
+    ``"end"`` (after it), as in PiPPy. Markers in ``forward`` cut too, whether or not
+    split points are given. ``model``: an ``nn.Module`` (with ``args``) or an ExportedProgram.
+    """
+    ctx = ctx or DiagnosticContext()
+    program = _capture(model, args, kwargs, ctx)
+    assignment = stage_pass.from_markers(program)
+    if split_points:
+        points = stage_pass.from_split_points(program, split_points, ctx,
+                                              module_names=_module_names(model))
+        assignment = points if assignment.count == 1 else stage_pass.combined(assignment, points)
+    return _build(program, assignment, ctx, opset, hierarchical)
+
+
+def split_by(model_or_program: Any, callback: Callable[[torch.fx.Node], int], *,
+             args: Sequence[Any] | None = None, kwargs: dict[str, Any] | None = None,
+             opset: int | None = None, hierarchical: bool = True,
+             ctx: DiagnosticContext | None = None) -> StagesResult:
+    """Stages from ``callback(node) -> partition id`` over the captured program's nodes.
+
+    ``split_module`` semantics: ids are any ints; stages are ordered so data only flows
+    forward (first appearance breaking ties); partitions that depend on each other in a
+    cycle are an error.
+    """
+    ctx = ctx or DiagnosticContext()
+    program = stage_pass.without_markers(_capture(model_or_program, args, kwargs, ctx))
+    assignment = stage_pass.from_callback(program, callback, ctx)
+    return _build(program, assignment, ctx, opset, hierarchical)
+
+
+def _build(program: torch.export.ExportedProgram, assignment: stage_pass.StageAssignment,
+           ctx: DiagnosticContext, opset: int | None, hierarchical: bool) -> StagesResult:
+    """Translate once, carry stages to the decomposed nodes, and describe each stage."""
+    onnx_program = translate_program(stage_pass.without_markers(program), opset, ctx)
+    decomposed = onnx_program.exported_program
+    carried = stage_pass.decomposed_assignment(assignment, decomposed)
+    source = decomposed.module()
+    stage_of = _stage_of_module_nodes(source, carried.stage_of)
+    index = {n: i for i, n in enumerate(source.graph.nodes)}
+    members: list[list[torch.fx.Node]] = [[] for _ in range(assignment.count)]
+    for node, stage in stage_of.items():
+        members[stage].append(node)
+    # a stage may vanish in decomposition (it held only nodes that fold away)
+    members = [ns for ns in members if ns]
+    described = _describe_regions([(True, ns) for ns in members], index)
+    stages = [Stage(**{**dataclasses.asdict(r), "name": f"{STAGE_PREFIX}{i}"})
+              for i, r in enumerate(described)]
+    plan = SplitPlan(stages, {}, {}, {}, (len(stages), 0))  # type: ignore[arg-type]
+    for stage in stages:
+        ctx.note(rules.SPLIT_PREVIEW, reason=(
+            f"{stage.name}: {len(stage.node_names)} node(s), {len(stage.inputs)} input(s) "
+            f"({stage.input_bytes} bytes), {len(stage.outputs)} output(s) "
+            f"({stage.output_bytes} bytes)"))
+    return StagesResult(plan, build_split_module(source, plan), onnx_program.model, source,
+                        decomposed, ctx.diagnostics, hierarchical, how=assignment.how)
+
+
+def _stage_of_module_nodes(source: torch.fx.GraphModule,
+                           stage_of: Mapping[str, int]) -> dict[torch.fx.Node, int]:
+    """Stage of every compute node of ``program.module()``; nodes it adds join their inputs."""
+    result: dict[torch.fx.Node, int] = {}
+    for node in source.graph.nodes:
+        if node.op not in CALLABLE_OPS or str(node.target).startswith("_guards_fn"):
+            continue
+        stage = stage_of.get(node.name)
+        if stage is None:
+            stage = max((result.get(a, 0) for a in node.all_input_nodes), default=0)
+        result[node] = stage
+    return result
