@@ -23,7 +23,14 @@ import torch
 from onnx_modular import _ort
 from onnx_modular._io import atomic_write_text
 from onnx_modular.diagnostics import DiagnosticContext, OnnxModularError, rules
-from onnx_modular.localize import Localization, build_probe, judge, record_calls, to_numpy
+from onnx_modular.localize import (
+    Localization,
+    build_probe,
+    gc_paused,
+    judge,
+    record_calls,
+    to_numpy,
+)
 
 __all__ = ["OutputCheck", "ProviderResult", "ValidationReport", "run_validate", "validate"]
 
@@ -361,6 +368,13 @@ def validate(
     feeds = bind_inputs(loaded.proto, _leaves(reference, args, kwargs),
                         f"ONNX model {loaded.label}")
 
+    with gc_paused():
+        return _validate(model, args, kwargs, loaded, chosen, feeds, rtol, atol, localize)
+
+
+def _validate(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+              loaded: _ort.LoadedModel, chosen: list[str], feeds: dict[str, np.ndarray],
+              rtol: float | None, atol: float | None, localize: bool | str) -> ValidationReport:
     start = time.perf_counter()
     calls = None
     if localize is True:
