@@ -259,7 +259,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if model.functions:
         out.print(function_table(model))
     facts = summary(model)
-    out.print(f"{facts['functions']} functions, {facts['calls']} calls, "
+    out.print(f"{facts['functions']} functions, {facts['calls']} call sites, "
               f"{facts['main_graph_nodes']} main-graph nodes, "
               f"{facts['function_nodes']} nodes in function bodies")
     return EXIT_OK
