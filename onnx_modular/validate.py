@@ -119,12 +119,11 @@ class ValidationReport:
                 rows.append([
                     _ort.short_provider(r.provider), o.name, "x".join(map(str, o.shape)) or "()",
                     o.dtype, _fmt(o.diff.max_abs), _fmt(o.diff.max_rel),
-                    f"{o.rtol:g}/{o.atol:g}", "ok" if o.ok else "FAIL",
-                    f"{r.run_s * 1e3:.1f}", o.diff.note])
+                    f"{_tol(o.rtol)}/{_tol(o.atol)}", "ok" if o.ok else "FAIL", o.diff.note])
         return rows
 
-    _HEAD = ["provider", "output", "shape", "dtype", "max abs err", "max rel err",
-             "rtol/atol", "status", "run ms", "note"]
+    _HEAD = ["EP", "output", "shape", "dtype", "abs err", "rel err", "rtol/atol", "status",
+             "note"]
     _LOC_HEAD = ["#", "module call", "type", "first diverging value", "max abs err",
                  "max rel err", "mismatched", "inputs"]
 
@@ -136,6 +135,11 @@ class ValidationReport:
                  _fmt(d.max_abs), _fmt(d.max_rel), str(d.mismatched),
                  "diverged" if d.inherited else "ok"]
                 for i, d in enumerate(loc.divergences)]
+
+    def _timings(self) -> str:
+        parts = [f"{_ort.short_provider(r.provider)}: session {r.session_s * 1e3:.0f} ms, "
+                 f"run {r.run_s * 1e3:.1f} ms" for r in self.results]
+        return "; ".join([*parts, f"torch {self.torch_s * 1e3:.0f} ms"])
 
     def summary(self) -> str:
         if self.ok:
@@ -153,12 +157,14 @@ class ValidationReport:
 
         rows = self._rows()
         show_note = any(row[-1] for row in rows)
-        table = Table(title="ONNX Runtime vs torch eager", title_justify="left")
+        table = Table(title="ONNX Runtime vs torch eager", title_justify="left",
+                      caption=self._timings(), caption_justify="left")
         for h in self._HEAD if show_note else self._HEAD[:-1]:
-            table.add_column(h, justify="right" if "err" in h or h == "run ms" else "left")
+            table.add_column(h, justify="right" if "err" in h else "left",
+                             no_wrap=h in ("EP", "status", "rtol/atol"))
         for row in rows:
             style = "green" if row[7] == "ok" else "bold red"
-            table.add_row(*row[:7], Text(row[7], style=style), *row[8:9 + show_note])
+            table.add_row(*row[:7], Text(row[7], style=style), *row[8:8 + show_note])
         parts: list[Any] = [table]
         if self.localization is not None and self.localization.divergences:
             loc = Table(title=f"Diverging module calls on {self.localization_provider} "
@@ -186,7 +192,7 @@ class ValidationReport:
 
     def to_markdown(self) -> str:
         lines = [f"# Validation of {self.model}", "", f"**{self.summary()}**", ""]
-        lines += _md_table(self._HEAD, self._rows())
+        lines += [*_md_table(self._HEAD, self._rows()), "", f"Timings: {self._timings()}"]
         if self.localization is not None:
             lines += ["", f"## Diverging module calls ({self.localization_provider})", ""]
             if self.localization.divergences:
@@ -227,6 +233,10 @@ class _NullIO:
 
 def _fmt(x: float) -> str:
     return f"{x:.3g}"
+
+
+def _tol(x: float) -> str:
+    return "0" if x == 0 else f"{x:.1e}".replace(".0e", "e").replace("e-0", "e-")
 
 
 def _md_table(head: list[str], rows: list[list[str]]) -> list[str]:

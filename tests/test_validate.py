@@ -103,7 +103,7 @@ def test_flat_model_validates(stack, tmp_path):
     rep.save(tmp_path / "r.json")
     rep.save(tmp_path / "r.md")
     assert json.loads((tmp_path / "r.json").read_text())["ok"] is True
-    assert "| provider |" in (tmp_path / "r.md").read_text()
+    assert "| EP | output |" in (tmp_path / "r.md").read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "r.md"]
     with pytest.raises(om.OnnxModularError, match=r"use a \.json"):
         rep.save(tmp_path / "r.txt")
