@@ -18,6 +18,7 @@ from typing import Any
 
 import onnx_ir as ir
 
+from onnx_modular._util import common_prefix
 from onnx_modular.emit.canonical import graph_key
 from onnx_modular.emit.translate import fx_name
 from onnx_modular.passes.modularize import CallInfo
@@ -84,13 +85,9 @@ def _chains_per_node(nodes: list[ir.Node], chains: Mapping[str, tuple[CallInfo, 
         if chain is None:
             pending.append(i)
             continue
-        common: list[CallInfo] = []
-        for a, b in zip(previous, chain):
-            if a != b:
-                break
-            common.append(a)
+        common = common_prefix(previous, chain)
         for p in pending:
-            result[p] = tuple(common)
+            result[p] = common
         pending.clear()
         previous = chain
     return [c if c is not None else () for c in result]

@@ -15,9 +15,7 @@ more scan builds all graphs with a stack of builders.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
 import keyword
 import operator
 import re
@@ -28,6 +26,7 @@ import torch
 import torch.fx
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
+from onnx_modular._util import common_prefix, gc_paused
 from onnx_modular.diagnostics import DiagnosticContext, Location, rules
 from onnx_modular.passes.infra import PassBase, PassConditionError, PassResult
 
@@ -97,13 +96,9 @@ def _assign_chains(
     previous: tuple[_Frame, ...] = ()
 
     def settle(following: tuple[_Frame, ...]) -> None:
-        common: list[_Frame] = []
-        for a, b in zip(previous, following, strict=False):
-            if a != b:
-                break
-            common.append(a)
+        common = common_prefix(previous, following)
         for p in pending:
-            chains[p] = tuple(common)
+            chains[p] = common
         pending.clear()
 
     for node in nodes:
@@ -455,19 +450,6 @@ class _Modularizer:
         return gm
 
 
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Building many small graphs allocates without freeing; the cyclic GC's full passes
-    would make that superlinear, so pause it for the duration."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def _node_name(attr: str) -> str:
     """Generated code binds node names as locals: ``self`` or a keyword would break it."""
     return f"{attr}_" if attr == "self" or keyword.iskeyword(attr) else attr
@@ -504,7 +486,7 @@ class Modularize(PassBase):
 
     def call(self, graph_module: torch.fx.GraphModule, ctx: DiagnosticContext) -> PassResult:
         source = self.source or _Source.of_graph_module(graph_module)
-        with _gc_paused():
+        with gc_paused():
             result = _Modularizer(source, ctx).run()
         return PassResult(result, modified=True)
 

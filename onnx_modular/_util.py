@@ -1,0 +1,36 @@
+"""Small helpers shared by several stages."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from collections.abc import Iterator, Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic GC while many small objects are built and kept.
+
+    Full collections scan the whole heap (the model included) again and again, which makes
+    graph building superlinear; nothing built here is garbage until the end.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def common_prefix(a: Sequence[T], b: Sequence[T]) -> tuple[T, ...]:
+    """The longest shared start of two chains of module calls."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return tuple(a[:n])
