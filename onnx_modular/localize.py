@@ -77,9 +77,15 @@ class TorchCall:
     parent: int | None
     outputs: list[torch.Tensor]
     versions: list[int] = dataclasses.field(default_factory=list)
+    inputs: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    input_versions: list[int] = dataclasses.field(default_factory=list)
 
     def intact_outputs(self) -> list[torch.Tensor]:
         return [t for t, v in zip(self.outputs, self.versions, strict=True) if t._version == v]
+
+    def intact_inputs(self) -> list[torch.Tensor]:
+        return [t for t, v in zip(self.inputs, self.input_versions, strict=True)
+                if t._version == v]
 
 
 def _type_name(obj: Any) -> str:
@@ -106,7 +112,7 @@ def record_calls(
     handles = []
 
     def pre_hook(name: str) -> Callable[..., None]:
-        def hook(module: torch.nn.Module, _args: Any) -> None:
+        def hook(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
             if modularized:
                 call_id = str(module.call_id)
                 path, type_name = str(module.module_path), str(module.module_type)
@@ -115,8 +121,10 @@ def record_calls(
                 counts[id(module)] = k + 1
                 call_id = name if k == 0 else f"{name}@{k}"
                 path, type_name = name, _type_name(module)
+            inputs = _tensor_leaves((args, kwargs))
             calls.append(TorchCall(call_id, path, type_name, len(stack),
-                                   stack[-1] if stack else None, []))
+                                   stack[-1] if stack else None, [], [], inputs,
+                                   [t._version for t in inputs]))
             stack.append(len(calls) - 1)
         return hook
 
@@ -129,7 +137,7 @@ def record_calls(
         for name, module in model.named_modules():
             if not name or (modularized and not hasattr(module, "call_id")):
                 continue
-            handles.append(module.register_forward_pre_hook(pre_hook(name)))
+            handles.append(module.register_forward_pre_hook(pre_hook(name), with_kwargs=True))
             handles.append(module.register_forward_hook(post_hook))
         result = run()
     finally:
@@ -320,7 +328,8 @@ def build_probe(proto: onnx.ModelProto, model_bytes: bytes | None = None) -> Pro
     extra: list[str] = []
     for call in calls:
         call.outputs = [name for name in call.outputs if position.get(name, -1) >= 0]
-        for name in call.outputs:
+        call.inputs = [name for name in call.inputs if name in position]
+        for name in call.outputs + [n for n in call.inputs if position[n] >= 0]:
             if name not in present:
                 extra.append(name)
                 present.add(name)
@@ -445,6 +454,39 @@ def _dtype_of(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
+def _closest(actual: np.ndarray, candidates: list[torch.Tensor], rtol: float | None,
+             atol: float | None) -> _ort.Diff | None:
+    """The diff to the nearest same-shape torch tensor; None when none has the shape."""
+    best: _ort.Diff | None = None
+    for t in candidates:
+        if tuple(t.shape) != actual.shape:
+            continue
+        r, a = _ort.tolerances_for(_dtype_of(t), rtol, atol)
+        d = _ort.diff(actual, to_numpy(t), r, a)
+        if best is None or (d.ok, -d.max_abs) > (best.ok, -best.max_abs):
+            best = d
+    return best
+
+
+def _inputs_diverge(call: OnnxCall, tcall: TorchCall, values: dict[str, np.ndarray],
+                    rtol: float | None, atol: float | None) -> bool:
+    """Whether a torch input of the call has no agreeing ONNX input (so it was fed wrong).
+
+    ONNX inputs also hold weights and constants; a torch input pairs with the closest
+    ONNX input of its shape, and inputs the probe cannot see are not held against it.
+    """
+    arrays = [values[n] for n in call.inputs if n in values]
+    for t in tcall.intact_inputs():
+        best: _ort.Diff | None = None
+        for actual in arrays:
+            d = _closest(actual, [t], rtol, atol)
+            if d is not None and (best is None or (d.ok, -d.max_abs) > (best.ok, -best.max_abs)):
+                best = d
+        if best is not None and not best.ok:
+            return True
+    return False
+
+
 def judge(
     probe: Probe,
     onnx_values: dict[str, np.ndarray],
@@ -452,45 +494,38 @@ def judge(
     rtol: float | None,
     atol: float | None,
 ) -> Localization:
-    """Compare every paired call output; collect the diverging calls, first one first."""
+    """Compare every paired call's outputs (and, for diverging calls, inputs).
+
+    A call whose outputs diverge while its inputs agree with torch is where the error
+    arises; ``first`` is the earliest such call (the deepest on a tie), or the earliest
+    diverging call when every one of them was fed diverging inputs.
+    """
     mapping = resolve(probe.calls, torch_calls)
     divergences: list[ModuleDivergence] = []
-    div_inputs: list[list[str]] = []
-    bad_values: set[str] = set()
     checked = 0
     for k, j in mapping.items():
         call, tcall = probe.calls[k], torch_calls[j]
         bad: list[tuple[int, str, _ort.Diff]] = []
         compared = False
+        outputs = tcall.intact_outputs()
         for name in call.outputs:
             actual = onnx_values.get(name)
-            if actual is None:
-                continue
-            candidates = [t for t in tcall.intact_outputs() if tuple(t.shape) == actual.shape]
-            if not candidates:
+            best = _closest(actual, outputs, rtol, atol) if actual is not None else None
+            if best is None:
                 continue
             compared = True
-            best: _ort.Diff | None = None
-            for t in candidates:
-                r, a = _ort.tolerances_for(_dtype_of(t), rtol, atol)
-                d = _ort.diff(actual, to_numpy(t), r, a)
-                if best is None or (d.ok, -d.max_abs) > (best.ok, -best.max_abs):
-                    best = d
-            if best is not None and not best.ok:
+            if not best.ok:
                 bad.append((probe.position.get(name, 0), name, best))
         checked += compared
         if bad:
-            bad_values.update(b[1] for b in bad)
-            div_inputs.append(call.inputs)
             position, name, _ = min(bad, key=lambda b: b[0])
             divergences.append(ModuleDivergence(
                 tcall.module_path, tcall.call_id, tcall.module_type, tcall.depth, name,
                 max(b[2].max_abs for b in bad), max(b[2].max_rel for b in bad),
-                sum(b[2].mismatched for b in bad), position))
-    diverged = {d.output for d in divergences} | bad_values
-    for d, inputs in zip(divergences, div_inputs, strict=True):
-        d.inherited = any(name in diverged for name in inputs)
+                sum(b[2].mismatched for b in bad), position,
+                _inputs_diverge(call, tcall, onnx_values, rtol, atol)))
     divergences.sort(key=lambda d: (d.position, -d.depth))
+    origins = [d for d in divergences if not d.inherited]
+    first = origins[0] if origins else (divergences[0] if divergences else None)
     note = "" if checked else "no module call of the ONNX model could be paired with torch"
-    return Localization(probe.kind, checked, divergences,
-                        divergences[0] if divergences else None, note)
+    return Localization(probe.kind, checked, divergences, first, note)

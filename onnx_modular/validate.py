@@ -168,11 +168,13 @@ class ValidationReport:
         parts: list[Any] = [table]
         if self.localization is not None and self.localization.divergences:
             loc = Table(title=f"Diverging module calls on {self.localization_provider} "
-                        "(execution order; #1 is the first and deepest)", title_justify="left")
+                        "(execution order; bold: the first mismatch)", title_justify="left")
             for h in self._LOC_HEAD:
                 loc.add_column(h, justify="right" if "err" in h or h == "mismatched" else "left")
+            first = self.localization.divergences.index(self.localization.first) \
+                if self.localization.first is not None else -1
             for i, row in enumerate(self._loc_rows()):
-                loc.add_row(*row, style="bold" if i == 0 else None)
+                loc.add_row(*row, style="bold" if i == first else None)
             parts.append(loc)
         parts.append(Text(self.summary(), style="green" if self.ok else "bold red"))
         return Group(*parts)
@@ -478,7 +480,7 @@ def _localize(loaded: _ort.LoadedModel, feeds: dict[str, np.ndarray], provider: 
     session, _ = _ort.make_session(probe.model_bytes, provider, loaded.session_config())
     names = [o.name for o in session.get_outputs()]
     values, _ = _ort.run_session(session, feeds)
-    return judge(probe, dict(zip(names, values, strict=True)), calls, rtol, atol)
+    return judge(probe, {**feeds, **dict(zip(names, values, strict=True))}, calls, rtol, atol)
 
 
 # ---- the command line's entry ---------------------------------------------------------------

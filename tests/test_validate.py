@@ -277,6 +277,23 @@ def test_hierarchical_planted_in_function_body(gpt2_hier):
     assert not rep.ok and rep.first_mismatch == "model.h.1"
 
 
+def test_first_mismatch_is_judged_on_the_same_inputs():
+    """Llama's MLP: down_proj(act(gate(x)) * up(x)). A Mul turned Add inside the MLP body
+    makes down_proj's output diverge first (it is the MLP's output too), but down_proj is
+    fed a wrong input; the MLP call is where torch and ONNX part on the same inputs."""
+    model, args = models.llama(2)
+    bad = om.export(model, args).model_proto
+    fn = None
+    for call_id in ("model", "model.layers.1", "model.layers.0.mlp"):
+        fn = hand_hier.isolate_call(bad, call_id, fn)
+    next(n for n in fn.node if n.op_type == "Mul").op_type = "Add"
+    rep = om.validate(model, args, bad, providers="cpu")
+    assert not rep.ok and rep.first_mismatch == "model.layers.1.mlp"
+    inherited = {d.module_path: d.inherited for d in rep.localization.divergences}
+    assert inherited["model.layers.1.mlp.down_proj"] is True
+    assert inherited["model.layers.1.mlp"] is False
+
+
 # ---- inputs, files, providers: clear one-line errors -----------------------------------------
 
 def _one_line(exc: pytest.ExceptionInfo) -> str:
