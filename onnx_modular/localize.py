@@ -23,11 +23,9 @@ first in the inlined graph; on a tie the deeper call wins.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -45,19 +43,6 @@ META_SCOPES = "pkg.torch.onnx.name_scopes"
 META_CLASSES = "pkg.torch.onnx.class_hierarchy"
 
 _CALL_SUFFIX = re.compile(r"@(\d+)$")
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """No cyclic GC while the probe's many short-lived IR objects are made (full
-    collections over a large heap cost more than the localization itself)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 # ---- torch side ------------------------------------------------------------------------------

@@ -22,11 +22,11 @@ import torch
 
 from onnx_modular import _ort
 from onnx_modular._io import atomic_write_text
+from onnx_modular._util import gc_paused
 from onnx_modular.diagnostics import DiagnosticContext, OnnxModularError, rules
 from onnx_modular.localize import (
     Localization,
     build_probe,
-    gc_paused,
     judge,
     record_calls,
     to_numpy,
