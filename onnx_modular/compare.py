@@ -13,7 +13,6 @@ import ast
 import collections
 import dataclasses
 import hashlib
-import json
 import operator
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -25,7 +24,7 @@ import onnx_ir as ir
 from onnx_ir.passes.common.inliner import InlinePass
 
 from onnx_modular import _ort
-from onnx_modular._io import atomic_write_text
+from onnx_modular._report import Report
 from onnx_modular.diagnostics import DiagnosticContext, OnnxModularError, rules
 
 __all__ = ["CompareReport", "ModelFacts", "OutputDiff", "compare", "random_inputs",
@@ -291,7 +290,7 @@ class OutputDiff:
 
 
 @dataclasses.dataclass
-class CompareReport:
+class CompareReport(Report):
     """Two models side by side; ``equivalent`` is numerical, ``same_structure`` structural."""
 
     a: ModelFacts
@@ -370,15 +369,6 @@ class CompareReport:
         return Group(facts, outs, Text(self.summary(),
                                        style="green" if self.equivalent else "bold red"))
 
-    def __str__(self) -> str:
-        from rich.console import Console
-
-        from onnx_modular.validate import _NullIO
-
-        console = Console(width=140, record=True, file=_NullIO(), color_system=None)
-        console.print(self)
-        return console.export_text()
-
     def to_markdown(self) -> str:
         from onnx_modular.validate import _md_table
 
@@ -386,20 +376,6 @@ class CompareReport:
         lines += [*_md_table(["", "a", "b"], self._fact_rows()), ""]
         lines += _md_table(self._OUT_HEAD, self._output_rows())
         return "\n".join(lines) + "\n"
-
-    def save(self, path: str | Path) -> None:
-        """``.json`` or ``.md``, written atomically."""
-        path = Path(path)
-        if path.suffix.lower() == ".json":
-            text = json.dumps(self.to_dict(), indent=2)
-        elif path.suffix.lower() in (".md", ".markdown"):
-            text = self.to_markdown()
-        else:
-            raise _error(f"cannot write report '{path}': use a .json or .md file name")
-        try:
-            atomic_write_text(path, text)
-        except OSError as exc:
-            raise _error(f"cannot write report '{path}': {exc}") from None
 
 
 # ---- compare ---------------------------------------------------------------------------------

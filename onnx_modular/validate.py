@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,7 +20,7 @@ import onnx
 import torch
 
 from onnx_modular import _ort
-from onnx_modular._io import atomic_write_text
+from onnx_modular._report import Report
 from onnx_modular._util import gc_paused
 from onnx_modular.diagnostics import DiagnosticContext, OnnxModularError, rules
 from onnx_modular.localize import (
@@ -76,7 +75,7 @@ class ProviderResult:
 
 
 @dataclasses.dataclass
-class ValidationReport:
+class ValidationReport(Report):
     """The outcome of :func:`validate`: per provider and output, and the localization."""
 
     model: str
@@ -179,19 +178,6 @@ class ValidationReport:
         parts.append(Text(self.summary(), style="green" if self.ok else "bold red"))
         return Group(*parts)
 
-    def render(self, console: Any = None) -> None:
-        """Print the report as tables on a rich console."""
-        from rich.console import Console
-
-        (console or Console()).print(self)
-
-    def __str__(self) -> str:
-        from rich.console import Console
-
-        console = Console(width=140, record=True, file=_NullIO(), color_system=None)
-        console.print(self)
-        return console.export_text()
-
     def to_markdown(self) -> str:
         lines = [f"# Validation of {self.model}", "", f"**{self.summary()}**", ""]
         lines += [*_md_table(self._HEAD, self._rows()), "", f"Timings: {self._timings()}"]
@@ -203,34 +189,6 @@ class ValidationReport:
                 lines.append(self.localization.note or "No module call diverges.")
         return "\n".join(lines) + "\n"
 
-    def save(self, path: str | Path) -> None:
-        """Write ``.json`` (``to_dict``), ``.md`` or ``.html``, atomically."""
-        path = Path(path)
-        suffix = path.suffix.lower()
-        if suffix == ".json":
-            text = json.dumps(self.to_dict(), indent=2)
-        elif suffix in (".md", ".markdown"):
-            text = self.to_markdown()
-        elif suffix in (".html", ".htm"):
-            from rich.console import Console
-
-            console = Console(width=140, record=True, file=_NullIO())
-            console.print(self)
-            text = console.export_html()
-        else:
-            raise _error(f"cannot write report '{path}': use a .json, .md or .html file name")
-        try:
-            atomic_write_text(path, text)
-        except OSError as exc:
-            raise _error(f"cannot write report '{path}': {exc}") from None
-
-
-class _NullIO:
-    def write(self, _text: str) -> int:
-        return 0
-
-    def flush(self) -> None:
-        pass
 
 
 def _fmt(x: float) -> str:

@@ -1,0 +1,67 @@
+"""What every report shares: plain-text and HTML rendering, and atomic saving by suffix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from onnx_modular._io import atomic_write_text
+from onnx_modular.diagnostics import DiagnosticContext, rules
+
+
+class _NullIO:
+    def write(self, _text: str) -> int:
+        return 0
+
+    def flush(self) -> None:
+        pass
+
+
+class Report:
+    """Subclasses provide ``__rich__``, ``to_dict`` and ``to_markdown``."""
+
+    def __rich__(self) -> Any:
+        raise NotImplementedError
+
+    def to_dict(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def to_markdown(self) -> str:
+        raise NotImplementedError
+
+    def _recorded(self, color: bool) -> Any:
+        from rich.console import Console
+
+        console = Console(width=140, record=True, file=_NullIO(),
+                          color_system="truecolor" if color else None)
+        console.print(self)
+        return console
+
+    def __str__(self) -> str:
+        return self._recorded(color=False).export_text()
+
+    def render(self, console: Any = None) -> None:
+        """Print the report as tables on a rich console."""
+        from rich.console import Console
+
+        (console or Console()).print(self)
+
+    def save(self, path: str | Path) -> None:
+        """Write ``.json`` (``to_dict``), ``.md`` or ``.html``, atomically."""
+        path = Path(path)
+        suffix = path.suffix.lower()
+        if suffix == ".json":
+            text = json.dumps(self.to_dict(), indent=2)
+        elif suffix in (".md", ".markdown"):
+            text = self.to_markdown()
+        elif suffix in (".html", ".htm"):
+            text = self._recorded(color=True).export_html()
+        else:
+            raise DiagnosticContext().error(rules.BAD_INPUT, reason=(
+                f"cannot write report '{path}': use a .json, .md or .html file name"))
+        try:
+            atomic_write_text(path, text)
+        except OSError as exc:
+            raise DiagnosticContext().error(rules.BAD_INPUT, reason=(
+                f"cannot write report '{path}': {exc}")) from None
