@@ -18,11 +18,12 @@ from typing import Any
 
 import onnx
 import onnx_ir as ir
+import onnx_ir.passes.common
 import torch
 
 from onnx_modular._io import atomic_path
 from onnx_modular.diagnostics import Diagnostic, DiagnosticContext, Location, rules, to_sarif
-from onnx_modular.emit.optimize import fold_weights, optimize
+from onnx_modular.emit.optimize import fold_weights, optimize, remove_unused_initializers
 from onnx_modular.emit.outline import OutlineReport, outline, selector
 from onnx_modular.emit.translate import translate
 from onnx_modular.passes.modularize import modularize, module_call_chains
@@ -127,12 +128,15 @@ def emit(model: ir.Model, program: torch.export.ExportedProgram, *, functions: A
          ctx: DiagnosticContext | None = None) -> ExportResult:
     """Outline and optimize an unoptimized torch.onnx translation of ``program``, in place."""
     ctx = ctx if ctx is not None else DiagnosticContext()
-    select = selector(functions)
+    flat = functions == "none"
+    # The flat model is the hierarchical one with every function inlined: same ops, same
+    # topology, bit-identical outputs (invariant 2), and each unique body optimized once.
+    select = selector("all" if flat else functions)
     gm: torch.fx.GraphModule | None = None
     report = None
     if optimize_model:
         fold_weights(model)
-    if functions != "none":
+    if optimize_model or not flat:
         gm = modularize(program, ctx)
         with ctx.scope("Outline"):
             report = outline(model, module_call_chains(gm), select=select,
@@ -145,6 +149,14 @@ def emit(model: ir.Model, program: torch.export.ExportedProgram, *, functions: A
     if optimize_model:
         with ctx.scope("Optimize"):
             optimize(model)
+    if flat:
+        ir.passes.common.InlinePass()(model)
+        remove_unused_initializers(model.graph)
+        for domain in {f.domain for f in model.functions.values()} | set(model.opset_imports):
+            if domain not in ("", "ai.onnx") and not any(
+                    n.domain == domain for n in model.graph.all_nodes()):
+                model.opset_imports.pop(domain, None)
+        gm = None
     return ExportResult(model, ctx.diagnostics, program, gm, report)
 
 

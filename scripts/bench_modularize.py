@@ -94,7 +94,8 @@ def main() -> None:
               f"{ours / theirs:>6.2f} {full / theirs:>8.2f} {per_node:>8.1f}")
     if len(rows) > 1:
         spread = max(r[4] for r in rows) / min(r[4] for r in rows)
-        print(f"time per node, max/min over {rows[0][1]}..{rows[-1][1]} nodes: {spread:.2f}x")
+        sizes = sorted(r[1] for r in rows)
+        print(f"time per node, max/min over {sizes[0]}..{sizes[-1]} nodes: {spread:.2f}x")
 
 
 if __name__ == "__main__":

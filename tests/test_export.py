@@ -77,6 +77,22 @@ def test_matches_flat_export_and_inlines_to_its_size(tiny) -> None:
     np.testing.assert_allclose(_run(ours_flat, *args)[0], _run(flat, *args)[0], atol=1e-6)
 
 
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_inlined_hierarchical_is_the_flat_model(name: str) -> None:
+    """Invariant 2: same multiset of ops, same topology, bit-identical ORT outputs."""
+    model, args = models.TRANSFORMERS[name](2)
+    hierarchical = om.export(model, args).model_proto
+    flat = om.export(model, args, functions="none").model_proto
+    onnx.checker.check_model(flat, full_check=True)
+    assert not flat.functions
+    inlined = onnx.inliner.inline_local_functions(hierarchical)
+    histogram = collections.Counter(n.op_type for n in inlined.graph.node)
+    assert histogram == collections.Counter(n.op_type for n in flat.graph.node)
+    report = om.compare(hierarchical, flat, inputs=args)
+    assert report.same_structure and report.equivalent
+    assert np.array_equal(_run(hierarchical, *args)[0], _run(flat, *args)[0])
+
+
 def test_deterministic_bytes(tiny, tmp_path) -> None:
     result = tiny[2]
     a, b = tmp_path / "a.onnx", tmp_path / "b.onnx"
