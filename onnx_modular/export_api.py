@@ -22,6 +22,7 @@ import onnx_ir.passes.common
 import torch
 
 from onnx_modular._io import atomic_path
+from onnx_modular.capture import capture
 from onnx_modular.diagnostics import Diagnostic, DiagnosticContext, Location, rules, to_sarif
 from onnx_modular.emit.optimize import fold_weights, optimize, remove_unused_initializers
 from onnx_modular.emit.outline import OutlineReport, outline, selector
@@ -29,28 +30,6 @@ from onnx_modular.emit.translate import translate
 from onnx_modular.passes.modularize import modularize, module_call_chains
 
 TWO_GB = 2 * 1024**3
-
-
-def capture(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None,
-            dynamic_shapes: Any = None,
-            ctx: DiagnosticContext | None = None) -> torch.export.ExportedProgram:
-    """``torch.export.export`` (non-strict); an ExportedProgram passes through unchanged."""
-    ctx = ctx if ctx is not None else DiagnosticContext()
-    if isinstance(model, torch.export.ExportedProgram):
-        return model
-    if not isinstance(model, torch.nn.Module):
-        raise ctx.error(rules.UNSUPPORTED_INPUT, reason=(
-            f"export() takes an nn.Module or an ExportedProgram, got {type(model).__name__}"))
-    if not isinstance(args, tuple):
-        args = (args,)
-    try:
-        return torch.export.export(model, args, kwargs or {}, dynamic_shapes=dynamic_shapes,
-                                   strict=False)
-    except Exception as e:
-        lines = [line for line in str(e).strip().splitlines() if line.strip()]
-        raise ctx.error(rules.EXPORT_FAILED, Location(module_path=""), reason=(
-            f"torch.export failed on {type(model).__name__}: "
-            f"{type(e).__name__}: {lines[0] if lines else ''}")) from e
 
 
 @dataclasses.dataclass

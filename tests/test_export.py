@@ -243,3 +243,18 @@ def test_untranslatable_op_is_a_clear_error() -> None:
 def test_not_a_module_is_a_clear_error() -> None:
     with pytest.raises(om.OnnxModularError, match="nn.Module or an ExportedProgram"):
         om.export(lambda x: x, (torch.randn(2),))
+
+
+def test_export_failure_is_one_line_naming_the_model() -> None:
+    class Branchy(nn.Module):
+        def forward(self, x):
+            return x * 2 if x.sum() > 0 else x - 1  # data-dependent: torch.export refuses
+
+    with pytest.raises(om.OnnxModularError) as info:
+        om.export(Branchy(), (torch.randn(3),))
+    message = str(info.value)
+    assert "OM0201" in message and "Branchy" in message and "\n" not in message
+    from onnx_modular.capture import capture
+
+    program = capture(models.Stack(1).eval(), models.x8())
+    assert capture(program, ()) is program  # an ExportedProgram passes through

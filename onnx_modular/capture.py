@@ -1,0 +1,37 @@
+"""Capture: an ``nn.Module`` and example inputs -> ``torch.export.ExportedProgram``.
+
+The first stage of the pipeline. Export is non-strict (no TorchDynamo tracing of the Python
+code), which is what torch.onnx does too; an ExportedProgram from another pipeline is taken
+as it is. Any export failure becomes one line that names the model class.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from onnx_modular.diagnostics import DiagnosticContext, Location, rules
+
+
+def capture(model: Any, args: Any = (), kwargs: dict[str, Any] | None = None,
+            dynamic_shapes: Any = None,
+            ctx: DiagnosticContext | None = None) -> torch.export.ExportedProgram:
+    """``torch.export.export(..., strict=False)``; an ExportedProgram passes through."""
+    ctx = ctx if ctx is not None else DiagnosticContext()
+    if isinstance(model, torch.export.ExportedProgram):
+        return model
+    if not isinstance(model, torch.nn.Module):
+        raise ctx.error(rules.UNSUPPORTED_INPUT, reason=(
+            f"export() takes an nn.Module or an ExportedProgram, got {type(model).__name__}"))
+    if not isinstance(args, tuple):
+        args = tuple(args) if isinstance(args, list) else (args,)
+    try:
+        return torch.export.export(model, args, kwargs or {}, dynamic_shapes=dynamic_shapes,
+                                   strict=False)
+    except Exception as e:
+        lines = [line for line in str(e).strip().splitlines() if line.strip()]
+        first = lines[0] if lines else ""
+        raise ctx.error(rules.EXPORT_FAILED, Location(module_path=""), reason=(
+            f"torch.export failed on {type(model).__name__}: {type(e).__name__}: {first}"
+        )) from e
