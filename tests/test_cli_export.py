@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import onnx
@@ -49,3 +50,26 @@ def test_inputs_that_do_not_fit_fail_cleanly(tmp_path, capsys) -> None:
     err = capsys.readouterr().err
     assert "torch.export failed on TinyGPT" in err and "Traceback" not in err
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_split_with_an_ops_file_writes_regions_and_manifest(tmp_path, capsys) -> None:
+    ops = tmp_path / "acc_ops.txt"
+    ops.write_text("# everything but GELU runs on the accelerator\n!aten.gelu\n")
+    out = tmp_path / "parts"
+    assert main(["split", MODEL, "--inputs", INPUTS, "--acc-ops", str(ops), "--preview",
+                 "-o", str(out)]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    kinds = [r["kind"] for r in manifest["regions"]]
+    assert kinds[0] == "acc" and "cpu" in kinds
+    assert all(a != b for a, b in itertools.pairwise(kinds))  # regions alternate
+    for region in manifest["regions"]:
+        assert (out / region["file"]).is_file()
+    assert "_run_on_cpu_1" in capsys.readouterr().out  # the preview table
+
+
+def test_split_with_an_execution_provider(tmp_path) -> None:
+    out = tmp_path / "ep"
+    assert main(["split", MODEL, "--inputs", INPUTS, "--acc-ep", "CPUExecutionProvider",
+                 "-o", str(out)]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [r["kind"] for r in manifest["regions"]] == ["acc"]
