@@ -166,7 +166,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     facts = summary(result.model_proto)
     table = Table(title=f"Exported {args.output}", show_header=False)
     for key, value in [
-        ("functions", facts["functions"]), ("function calls", facts["calls"]),
+        ("functions", facts["functions"]), ("call sites", facts["calls"]),
         ("main graph nodes", facts["main_graph_nodes"]),
         ("nodes in function bodies", facts["function_nodes"]),
         ("file size", f"{Path(args.output).stat().st_size / 1e6:.2f} MB"),
