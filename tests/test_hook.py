@@ -43,3 +43,12 @@ def test_hooks_nest_and_the_innermost_settings_apply() -> None:
     assert {f.name for f in inner.model.functions.values()} == {"Block"}
     assert {"Block", "LayerNorm", "Linear"} <= {f.name for f in outer.model.functions.values()}
     assert len(_export(model, args).model.functions) == 0
+
+
+def test_om_export_inside_a_hook_is_not_hooked() -> None:
+    """om.export translates through torch.onnx too; the hook's settings must not leak in."""
+    model, args = models.Stack(2).eval(), models.x8()
+    with om.hook(functions="none"):
+        result = om.export(model, args)
+    assert {"Block", "LayerNorm", "Linear"} <= set(result.function_names)
+    assert sum(n.op_type == "Block" for n in result.model.graph) == 2
