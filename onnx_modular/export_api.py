@@ -12,6 +12,7 @@ import dataclasses
 import os
 import tempfile
 import threading
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from onnx_modular.capture import capture
 from onnx_modular.diagnostics import Diagnostic, DiagnosticContext, Location, rules, to_sarif
 from onnx_modular.emit.optimize import fold_weights, optimize, remove_unused_initializers
 from onnx_modular.emit.outline import OutlineReport, outline, selector
-from onnx_modular.emit.translate import translate
+from onnx_modular.emit.translate import MIN_HIERARCHICAL_OPSET, translate
 from onnx_modular.passes.modularize import modularize, module_call_chains
 
 TWO_GB = 2 * 1024**3
@@ -97,6 +98,13 @@ def export(model: Any, args: Any = (), kwargs: dict[str, Any] | None = None, *,
     ctx = ctx if ctx is not None else DiagnosticContext()
     if not isinstance(args, tuple):
         args = (args,)
+    if opset is not None and opset < MIN_HIERARCHICAL_OPSET and functions != "none":
+        # torch.onnx translates at opset 18 and converts down with onnx's C converter, which
+        # neither knows functions nor keeps the node metadata the outliner follows.
+        raise ctx.error(rules.UNSUPPORTED_INPUT, reason=(
+            f"opset {opset} is below {MIN_HIERARCHICAL_OPSET}, the lowest a hierarchical model "
+            f"can be emitted at; use opset >= {MIN_HIERARCHICAL_OPSET}, or functions='none' "
+            "for a flat model converted down"))
     # Export builds millions of small objects and keeps them to the end: full cyclic
     # collections meanwhile rescan the model again and again (10-20% of the export time).
     with gc_paused():
@@ -167,8 +175,17 @@ def hook(functions: Any = "all", dedupe: bool = True) -> Iterator[None]:
             original = _core.export
             _hook_original.append(original)
 
-            def export_hierarchical(*args: Any, optimize: bool = True, **kwargs: Any) -> Any:
-                onnx_program = original(*args, optimize=False, **kwargs)
+            def export_hierarchical(*args: Any, optimize: bool = True,
+                                    opset_version: int | None = None, **kwargs: Any) -> Any:
+                if opset_version is not None and opset_version < MIN_HIERARCHICAL_OPSET:
+                    warnings.warn(
+                        f"onnx_modular.hook: opset {opset_version} < {MIN_HIERARCHICAL_OPSET} "
+                        "cannot hold the module functions; this export stays flat",
+                        stacklevel=2)
+                    return original(*args, optimize=optimize, opset_version=opset_version,
+                                    **kwargs)
+                onnx_program = original(*args, optimize=False, opset_version=opset_version,
+                                        **kwargs)
                 chosen, dedup = _hook_settings[-1] if _hook_settings else ("all", True)
                 emit(onnx_program.model, onnx_program.exported_program, functions=chosen,
                      dedupe=dedup, optimize_model=optimize)

@@ -258,3 +258,13 @@ def test_export_failure_is_one_line_naming_the_model() -> None:
 
     program = capture(models.Stack(1).eval(), models.x8())
     assert capture(program, ()) is program  # an ExportedProgram passes through
+
+
+def test_opset_below_18_is_refused_for_functions_but_flat_converts() -> None:
+    model, args = models.Stack(1).eval(), models.x8()
+    with pytest.raises(om.OnnxModularError, match="opset 17 is below 18"):
+        om.export(model, args, opset=17)
+    with quiet_torch_onnx():
+        proto = om.export(model, args, opset=17, functions="none").model_proto
+    assert {o.domain: o.version for o in proto.opset_import}[""] == 17 and not proto.functions
+    np.testing.assert_allclose(_run(proto, *args)[0], model(*args).detach().numpy(), atol=1e-5)

@@ -6,6 +6,7 @@ import models
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 import torch
 
 import onnx_modular as om
@@ -52,3 +53,10 @@ def test_om_export_inside_a_hook_is_not_hooked() -> None:
         result = om.export(model, args)
     assert {"Block", "LayerNorm", "Linear"} <= set(result.function_names)
     assert sum(n.op_type == "Block" for n in result.model.graph) == 2
+
+
+def test_hook_leaves_opsets_below_18_flat() -> None:
+    model, args = models.Stack(1).eval(), models.x8()
+    with om.hook(), quiet_torch_onnx(), pytest.warns(UserWarning, match="stays flat"):
+        program = torch.onnx.export(model, args, dynamo=True, opset_version=17)
+    assert len(program.model.functions) == 0

@@ -25,6 +25,8 @@ import torch
 from onnx_modular.diagnostics import DiagnosticContext, rules
 
 FX_NODE_KEY = "pkg.torch.onnx.fx_node"
+# torchlib's opset: below it torch.onnx converts the model down, dropping node metadata.
+MIN_HIERARCHICAL_OPSET = 18
 
 
 @dataclasses.dataclass
