@@ -26,7 +26,12 @@ from onnx_modular._io import atomic_path
 from onnx_modular._util import gc_paused
 from onnx_modular.capture import capture
 from onnx_modular.diagnostics import Diagnostic, DiagnosticContext, Location, rules, to_sarif
-from onnx_modular.emit.optimize import fold_weights, optimize, remove_unused_initializers
+from onnx_modular.emit.optimize import (
+    finish_inlined,
+    fold_weights,
+    optimize,
+    remove_unused_initializers,
+)
 from onnx_modular.emit.outline import OutlineReport, outline, selector
 from onnx_modular.emit.translate import MIN_HIERARCHICAL_OPSET, translate
 from onnx_modular.passes.modularize import modularize, module_call_chains
@@ -142,6 +147,8 @@ def emit(model: ir.Model, program: torch.export.ExportedProgram, *, functions: A
             optimize(model)
     if flat:
         ir.passes.common.InlinePass()(model)
+        if optimize_model:
+            finish_inlined(model)
         remove_unused_initializers(model.graph)
         for domain in {f.domain for f in model.functions.values()} | set(model.opset_imports):
             if domain not in ("", "ai.onnx") and not any(

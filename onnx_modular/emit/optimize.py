@@ -39,3 +39,18 @@ def remove_unused_initializers(graph: ir.Graph) -> None:
     for name, value in list(graph.initializers.items()):
         if value not in keep and not value.uses():
             del graph.initializers[name]
+
+
+def finish_inlined(model: ir.Model) -> None:
+    """After inlining every body into the main graph: constants become shared initializers.
+
+    Inside functions constants must be nodes; in a flat graph the 48 copies of one shape
+    constant become a single initializer, as in torch.onnx's own flat model. No common
+    subexpression elimination: the flat graph keeps the hierarchical model's topology.
+    """
+    ir.passes.Sequential(
+        ir.passes.common.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0),
+        ir.passes.common.DeduplicateInitializersPass(),
+    )(model)
+    remove_unused_initializers(model.graph)
+
