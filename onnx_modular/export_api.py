@@ -39,6 +39,17 @@ from onnx_modular.passes.modularize import modularize, module_call_chains
 TWO_GB = 2 * 1024**3
 
 
+@dataclasses.dataclass(frozen=True)
+class FunctionInfo:
+    """One function of a hierarchical model and the module calls it serves."""
+
+    name: str
+    domain: str
+    module_type: str  # the qualified class (the function's doc_string)
+    nodes: int  # in its body, nested call nodes included
+    calls: tuple[str, ...]  # call ids of the module calls it stands for, in execution order
+
+
 @dataclasses.dataclass
 class ExportResult:
     """The exported model, its diagnostics and what it came from."""
@@ -56,6 +67,17 @@ class ExportResult:
     @property
     def function_names(self) -> list[str]:
         return [f.name for f in self.model.functions.values()]
+
+    @property
+    def functions(self) -> list[FunctionInfo]:
+        """What was deduplicated into what: e.g. one ``GPT2Block`` for 48 calls."""
+        calls: dict[str, list[str]] = {}
+        if self.report is not None:
+            for call_id, name in self.report.function_of_call.items():
+                calls.setdefault(name, []).append(call_id)
+        return [FunctionInfo(f.name, f.domain, f.doc_string or "", len(f),
+                             tuple(calls.get(f.name, ())))
+                for f in self.model.functions.values()]
 
     def save(self, path: str | os.PathLike[str], *,
              external_data_threshold: int = TWO_GB) -> None:

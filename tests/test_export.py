@@ -63,6 +63,9 @@ def test_tiny_gpt_one_function_per_layer_class(tiny) -> None:
     assert meta["onnx_modular.module_type"] == "onnx_modular.examples.Block"
     expected = model(*args).detach().numpy()
     np.testing.assert_allclose(_run(proto, *args)[0], expected, atol=1e-4, rtol=1e-4)
+    summary = {f.name: f for f in result.functions}
+    assert summary["Block"].calls == ("blocks.0", "blocks.1", "blocks.2", "blocks.3")
+    assert summary["Block"].module_type == "onnx_modular.examples.Block"
 
 
 def test_matches_flat_export_and_inlines_to_its_size(tiny) -> None:
