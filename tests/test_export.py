@@ -274,3 +274,23 @@ def test_opset_below_18_is_refused_for_functions_but_flat_converts() -> None:
         proto = om.export(model, args, opset=17, functions="none").model_proto
     assert {o.domain: o.version for o in proto.opset_import}[""] == 17 and not proto.functions
     np.testing.assert_allclose(_run(proto, *args)[0], model(*args).detach().numpy(), atol=1e-5)
+
+
+def test_deterministic_across_processes(tmp_path) -> None:
+    """Set and dict orders vary with the hash seed between processes; the bytes must not."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[2]); import models, onnx_modular as om; "
+        "om.export(*models.gpt2(2)).save(sys.argv[1])"
+    )
+    tests_dir = os.path.dirname(__file__)
+    outputs = []
+    for seed in ("1", "2"):
+        out = tmp_path / f"m{seed}.onnx"
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        subprocess.run([sys.executable, "-c", script, str(out), tests_dir], check=True, env=env,
+                       capture_output=True)
+        outputs.append(out.read_bytes())
+    assert outputs[0] == outputs[1]
