@@ -32,7 +32,7 @@ from onnx_modular.emit.optimize import (
     optimize,
     remove_unused_initializers,
 )
-from onnx_modular.emit.outline import OutlineReport, outline, selector
+from onnx_modular.emit.outline import OutlineReport, Selection, outline, selector
 from onnx_modular.emit.translate import MIN_HIERARCHICAL_OPSET, translate
 from onnx_modular.passes.modularize import modularize, module_call_chains
 
@@ -160,6 +160,10 @@ def emit(model: ir.Model, program: torch.export.ExportedProgram, *, functions: A
             report = outline(model, module_call_chains(gm), select=select,
                                          dedupe=dedupe)
         ctx.note(rules.FUNCTION_SUMMARY, functions=report.functions, calls=report.calls)
+        if isinstance(select, Selection) and select.unmatched():
+            ctx.warn(rules.UNOUTLINED, reason=(
+                f"functions={select.unmatched()} matched no module call (by class, class "
+                "name or module path)"))
         for call_id in report.skipped:
             ctx.note(rules.UNOUTLINED, Location(module_path=call_id),
                      reason=f"module call '{call_id}' has no output used outside it; "

@@ -294,3 +294,11 @@ def test_deterministic_across_processes(tmp_path) -> None:
                        capture_output=True)
         outputs.append(out.read_bytes())
     assert outputs[0] == outputs[1]
+
+
+def test_misspelt_function_selection_is_reported() -> None:
+    model, args = Mixed().eval(), models.x8()
+    result = om.export(model, args, functions=["GatedBlock", "GatedBlok"])
+    assert {f.name for f in result.functions} == {"GatedBlock", "GatedBlock_1"}
+    warnings = [d for d in result.diagnostics if d.level == om.Level.WARNING]
+    assert len(warnings) == 1 and "['GatedBlok'] matched no module call" in warnings[0].message

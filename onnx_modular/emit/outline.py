@@ -47,26 +47,41 @@ class _Scope:
     children: list[_Scope] = dataclasses.field(default_factory=list)
 
 
+class Selection:
+    """Which module calls become functions: classes, class names or module paths.
+
+    Remembers what matched, so that a misspelt name can be reported instead of silently
+    leaving the model flat.
+    """
+
+    def __init__(self, items: Iterable[Any]) -> None:
+        self.wanted: dict[str, str] = {}  # key -> how the user wrote it
+        for item in items:
+            if isinstance(item, type):
+                self.wanted[f"{item.__module__}.{item.__qualname__}"] = item.__qualname__
+            else:
+                self.wanted[str(item)] = str(item)
+        self.matched: set[str] = set()
+
+    def __call__(self, call: CallInfo) -> bool:
+        short = call.module_type.rsplit(".", 1)[-1]
+        hits = {call.module_path, call.module_type, short} & self.wanted.keys()
+        self.matched |= hits
+        return bool(hits)
+
+    def unmatched(self) -> list[str]:
+        return [shown for key, shown in self.wanted.items() if key not in self.matched]
+
+
 def selector(functions: Any) -> Select | None:
-    """``"all"`` -> None (everything); an iterable of classes, class names or module paths."""
+    """``"all"`` -> None (everything); ``"none"``; or a :class:`Selection` of the items."""
     if functions in (None, "all"):
         return None
     if functions == "none":
         return lambda call: False
     if isinstance(functions, (str, type)):
         functions = [functions]
-    wanted: set[str] = set()
-    for item in functions:
-        if isinstance(item, type):
-            wanted.add(f"{item.__module__}.{item.__qualname__}")
-        else:
-            wanted.add(str(item))
-
-    def select(call: CallInfo) -> bool:
-        short = call.module_type.rsplit(".", 1)[-1]
-        return bool({call.module_path, call.module_type, short} & wanted)
-
-    return select
+    return Selection(functions)
 
 
 def _chains_per_node(nodes: list[ir.Node], chains: Mapping[str, tuple[CallInfo, ...]],
