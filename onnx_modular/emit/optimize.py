@@ -7,14 +7,36 @@ longer be folded. After: the full optimizer, on each unique function body once, 
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
+
 import onnx_ir as ir
 import onnx_ir.passes.common
 import onnxscript.optimizer
 from onnxscript.optimizer import _constant_folding
 
 
+@contextlib.contextmanager
+def _quiet_folding() -> Iterator[None]:
+    """The folder warns on stderr about every node its reference evaluator cannot evaluate
+    (such a node is simply left as it is); keep that out of the user's terminal."""
+    logger = logging.getLogger(_constant_folding.__name__)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def fold_weights(model: ir.Model) -> None:
     """Constant-fold the flat graph (no shape inference: it is only about constant inputs)."""
+    with _quiet_folding():
+        _fold_weights(model)
+
+
+def _fold_weights(model: ir.Model) -> None:
     _constant_folding.FoldConstantsPass(
         shape_inference=False,
         input_size_limit=_constant_folding.DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT,
@@ -29,7 +51,8 @@ def optimize(model: ir.Model) -> None:
     With ``inline=False`` a body shared by 48 layers is optimized once, which is what makes
     hierarchical export cheaper than the flat optimizer's pass over 48 copies.
     """
-    onnxscript.optimizer.optimize_ir(model, inline=False)
+    with _quiet_folding():
+        onnxscript.optimizer.optimize_ir(model, inline=False)
     remove_unused_initializers(model.graph)
 
 
