@@ -302,3 +302,14 @@ def test_misspelt_function_selection_is_reported() -> None:
     assert {f.name for f in result.functions} == {"GatedBlock", "GatedBlock_1"}
     warnings = [d for d in result.diagnostics if d.level == om.Level.WARNING]
     assert len(warnings) == 1 and "['GatedBlok'] matched no module call" in warnings[0].message
+
+
+def test_layer_functions_inline_to_torch_onnx_flat_size() -> None:
+    """Inside a body the optimizer cannot fold Reshape(Reshape(x)) (its rule writes an
+    initializer); ours does, so a layer body is as small as the flat graph's layer."""
+    model, args = models.TRANSFORMERS["gpt2"](2)
+    proto = om.export(model, args, functions=["GPT2Block"]).model_proto
+    inlined = onnx.inliner.inline_local_functions(proto)
+    flat = _flat_torch(model, args)
+    assert _non_constant(inlined.graph.node) <= _non_constant(flat.graph.node)
+    np.testing.assert_allclose(_run(proto, *args)[0], _run(flat, *args)[0], atol=1e-6)

@@ -53,7 +53,38 @@ def optimize(model: ir.Model) -> None:
     """
     with _quiet_folding():
         onnxscript.optimizer.optimize_ir(model, inline=False)
+    if collapse_reshapes(model):
+        ir.passes.common.RemoveUnusedNodesPass()(model)
     remove_unused_initializers(model.graph)
+
+
+def _is_reshape(node: ir.Node | None) -> bool:
+    return node is not None and node.op_type == "Reshape" and node.domain in ("", "ai.onnx")
+
+
+def collapse_reshapes(model: ir.Model) -> int:
+    """``Reshape(Reshape(x, a), b)`` -> ``Reshape(x, b)`` where ``b`` is a constant without 0s.
+
+    onnxscript has this rule, but it writes its shape as an initializer, which a function
+    body cannot hold, so inside functions it never fires (one extra Reshape per GPT-2 layer).
+    A constant ``b`` without 0 entries does not depend on the intermediate shape.
+    """
+    collapsed = 0
+    for graph in (model.graph, *(f.graph for f in model.functions.values())):
+        for node in list(graph):
+            if not _is_reshape(node) or len(node.inputs) < 2 or node.inputs[0] is None:
+                continue
+            inner = node.inputs[0].producer()
+            if not _is_reshape(inner) or inner.graph is not graph:
+                continue
+            shape = ir.convenience.get_const_tensor(node.inputs[1]) if node.inputs[1] else None
+            if shape is None or (shape.numpy() == 0).any():
+                continue
+            node.replace_input_with(0, inner.inputs[0])
+            collapsed += 1
+            if not inner.outputs[0].uses() and inner.outputs[0] not in graph.outputs:
+                graph.remove(inner, safe=True)
+    return collapsed
 
 
 def remove_unused_initializers(graph: ir.Graph) -> None:
