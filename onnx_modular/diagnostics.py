@@ -106,6 +106,7 @@ class Diagnostic:
     message: str
     location: Location = dataclasses.field(default_factory=Location)
     detail: str | None = None
+    scope: str | None = None  # the pass (or step) that reported it
 
     def __str__(self) -> str:
         where = f" [{self.location}]" if str(self.location) else ""
@@ -118,8 +119,9 @@ class Diagnostic:
             "message": {"text": self.message},
             "locations": [self.location.to_sarif()],
         }
-        if self.detail:
-            result["properties"] = {"detail": self.detail}
+        properties = {"pass": self.scope, "detail": self.detail}
+        if any(properties.values()):
+            result["properties"] = {k: v for k, v in properties.items() if v}
         return result
 
 
@@ -194,7 +196,8 @@ class DiagnosticContext:
 
     def log(self, rule: Rule, level: Level, location: Location | None = None,
             detail: str | None = None, **fmt: Any) -> Diagnostic:
-        diag = Diagnostic(rule, level, rule.format(**fmt), location or Location(), detail)
+        diag = Diagnostic(rule, level, rule.format(**fmt), location or Location(), detail,
+                          self.current_scope)
         self.diagnostics.append(diag)
         return diag
 

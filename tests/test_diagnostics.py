@@ -61,6 +61,7 @@ def test_manager_threads_module_and_records_located_diagnostics() -> None:
     assert diag.location.source_file and diag.location.source_file.endswith("models.py")
     assert diag.location.source_line and diag.location.source_line > 0
     assert "OM0202" in str(diag) and "node 'relu'" in str(diag)
+    assert diag.scope == "_Relu2Sigmoid"  # the pass that reported it
 
 
 def test_precondition_failure_names_rule_and_pass() -> None:
@@ -105,6 +106,8 @@ def test_sarif_structure(tmp_path) -> None:
     assert physical["region"]["startLine"] > 0
     logical = results[0]["locations"][0]["logicalLocations"]
     assert {"fullyQualifiedName": "layers.0", "kind": "module"} in logical
+    assert results[0]["properties"] == {"pass": "_Relu2Sigmoid"}
+    assert "properties" not in results[1]  # reported outside any pass
 
 
 def test_sarif_write_to_missing_directory_fails_cleanly(tmp_path) -> None:
