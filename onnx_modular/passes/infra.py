@@ -2,7 +2,9 @@
 
 Each pass runs inside a scope of a :class:`DiagnosticContext`; a failure inside a
 pass becomes an :class:`OnnxModularError` that names the rule, the pass and, where
-the pass knows it, the module path / FX node / source line.
+the pass knows it, the module path / FX node / source line. Passes run with the cyclic
+GC paused: they build many small graph objects and keep them, and collections meanwhile
+rescan the whole heap again and again (superlinear in the graph's size).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Sequence
 
 import torch.fx
 
+from onnx_modular._util import gc_paused
 from onnx_modular.diagnostics import (
     DiagnosticContext,
     Level,
@@ -51,7 +54,7 @@ class PassBase(abc.ABC):
     def __call__(self, graph_module: torch.fx.GraphModule,
                  ctx: DiagnosticContext | None = None) -> PassResult:
         ctx = ctx if ctx is not None else DiagnosticContext()
-        with ctx.scope(self.name):
+        with ctx.scope(self.name), gc_paused():
             try:
                 self.requires(graph_module)
             except PassConditionError as e:

@@ -26,7 +26,7 @@ import torch
 import torch.fx
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
-from onnx_modular._util import common_prefix, gc_paused
+from onnx_modular._util import common_prefix
 from onnx_modular.diagnostics import DiagnosticContext, Location, rules
 from onnx_modular.passes.infra import PassBase, PassConditionError, PassResult
 
@@ -486,9 +486,7 @@ class Modularize(PassBase):
 
     def call(self, graph_module: torch.fx.GraphModule, ctx: DiagnosticContext) -> PassResult:
         source = self.source or _Source.of_graph_module(graph_module)
-        with gc_paused():
-            result = _Modularizer(source, ctx).run()
-        return PassResult(result, modified=True)
+        return PassResult(_Modularizer(source, ctx).run(), modified=True)
 
 
 def modularize(program: Any, ctx: DiagnosticContext | None = None) -> torch.fx.GraphModule:
