@@ -52,33 +52,49 @@ def _all_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
 
 
 def call_tree(model: onnx.ModelProto, max_children: int = 64) -> Tree:
-    """The nesting of function calls as written, from the main graph down."""
+    """The nesting of function calls as written, from the main graph down.
+
+    A body is expanded at its first call; a run of further calls of a body already shown
+    (48 decoder layers) is one line: ``h.1 ... h.47: GPT2Block x47``.
+    """
     functions = {(f.domain, f.name): f for f in model.functions}
     root = Tree(f"[bold]{model.graph.name or 'main graph'}[/bold]  "
                 f"[dim]{len(model.graph.node)} nodes[/dim]")
-
     expanded: set[tuple[str, str]] = set()
 
+    def label(node: onnx.NodeProto) -> str:
+        meta = {p.key: p.value for p in node.metadata_props}
+        return meta.get(MODULE_PATH_KEY, node.name)
+
     def add(parent: Tree, nodes: list[onnx.NodeProto], depth: int) -> None:
-        shown = 0
-        for node in nodes:
-            body = functions.get((node.domain, node.op_type))
-            if body is None:
-                continue
+        calls = [(node, functions[(node.domain, node.op_type)]) for node in nodes
+                 if (node.domain, node.op_type) in functions]
+        shown, i = 0, 0
+        while i < len(calls):
             if shown == max_children:
                 parent.add("[dim]...[/dim]")
                 return
             shown += 1
-            meta = {p.key: p.value for p in node.metadata_props}
-            path = meta.get(MODULE_PATH_KEY, node.name)
+            node, body = calls[i]
             key = (body.domain, body.name)
-            seen = key in expanded
-            note = ", body shown above" if seen else ""
-            branch = parent.add(f"[cyan]{path}[/cyan]: {body.name} [dim]({body.domain}, "
-                                f"{len(body.node)} nodes{note})[/dim]")
-            if not seen and depth < 32:
+            size = f"{len(body.node)} nodes"
+            if key not in expanded:
                 expanded.add(key)
-                add(branch, list(body.node), depth + 1)
+                branch = parent.add(f"[cyan]{label(node)}[/cyan]: {body.name} "
+                                    f"[dim]({body.domain}, {size})[/dim]")
+                if depth < 32:
+                    add(branch, list(body.node), depth + 1)
+                i += 1
+                continue
+            run = 1
+            while i + run < len(calls) and calls[i + run][1] is body:
+                run += 1
+            paths = (f"{label(node)} ... {label(calls[i + run - 1][0])}" if run > 1
+                     else label(node))
+            times = f" x{run}" if run > 1 else ""
+            parent.add(f"[cyan]{paths}[/cyan]: {body.name}{times} "
+                       f"[dim]({size}, body shown above)[/dim]")
+            i += run
 
     add(root, list(model.graph.node), 0)
     return root

@@ -25,6 +25,8 @@ def test_export_inspect_and_sarif(tmp_path, capsys) -> None:
     assert main(["inspect", str(out)]) == 0
     tree = capsys.readouterr().out
     assert "blocks.0: Block" in tree and "body shown above" in tree
+    # TinyGPT has 4 blocks: the first expanded, the other three folded into one line
+    assert "blocks.1 ... blocks.3: Block x3" in tree and "blocks.2" not in tree
     assert main(["inspect", str(out), "--json"]) == 0
     facts = json.loads(capsys.readouterr().out)
     assert facts["functions"] == len(model.functions)
