@@ -144,10 +144,11 @@ def main() -> None:
                         m, a, dynamo=True, optimize=True))
                     flat_s = min(flat_s, seconds)
             ours_proto, flat_proto = ours.model_proto, flat.model_proto
-            ours_load, ours_run = map(min, zip(*(ort_time(ours_proto, args, opts.runs)
-                                                 for _ in range(3))))
-            flat_load, flat_run = map(min, zip(*(ort_time(flat_proto, args, opts.runs)
-                                                 for _ in range(3))))
+            # Interleaved, best of five: the machine's load drifts between runs.
+            timings = [(ort_time(ours_proto, args, opts.runs),
+                        ort_time(flat_proto, args, opts.runs)) for _ in range(5)]
+            ours_load, ours_run = (min(t[0][k] for t in timings) for k in (0, 1))
+            flat_load, flat_run = (min(t[1][k] for t in timings) for k in (0, 1))
             ours_all = ours_load + opts.runs * ours_run
             flat_all = flat_load + opts.runs * flat_run
             on, fn = total_nodes(ours_proto), total_nodes(flat_proto)
