@@ -125,6 +125,7 @@ def export(model: Any, args: Any = (), kwargs: dict[str, Any] | None = None, *,
     ctx = ctx if ctx is not None else DiagnosticContext()
     if not isinstance(args, tuple):
         args = (args,)
+    _selector(functions, ctx)  # a bad selection fails now, not after seconds of export
     if opset is not None and opset < MIN_HIERARCHICAL_OPSET and functions != "none":
         # torch.onnx translates at opset 18 and converts down with onnx's C converter, which
         # neither knows functions nor keeps the node metadata the outliner follows.
@@ -149,7 +150,7 @@ def emit(model: ir.Model, program: torch.export.ExportedProgram, *, functions: A
     flat = functions == "none"
     # The flat model is the hierarchical one with every function inlined: same ops, same
     # topology, bit-identical outputs (invariant 2), and each unique body optimized once.
-    select = selector("all" if flat else functions)
+    select = _selector("all" if flat else functions, ctx)
     gm: torch.fx.GraphModule | None = None
     report = None
     if optimize_model:
@@ -182,6 +183,16 @@ def emit(model: ir.Model, program: torch.export.ExportedProgram, *, functions: A
                 model.opset_imports.pop(domain, None)
         gm = None
     return ExportResult(model, ctx.diagnostics, program, gm, report)
+
+
+def _selector(functions: Any, ctx: DiagnosticContext) -> Any:
+    """``selector(functions)``, or one clear error for what it cannot read."""
+    try:
+        return selector(functions)
+    except TypeError:
+        raise ctx.error(rules.UNSUPPORTED_INPUT, reason=(
+            "functions= takes 'all', 'none', or an iterable of module classes, class names "
+            f"or module paths, got {functions!r}")) from None
 
 
 # ---- the pre-export hook ---------------------------------------------------------------------

@@ -46,11 +46,15 @@ def graph_key(graph: ir.Graph) -> str:
     for i, value in enumerate(graph.inputs):
         tokens[value] = ("in", i)
     parts: list[Any] = []
-    for n, node in enumerate(graph):
+    for node in graph:
         if _is_constant(node):  # where a constant sits does not matter, only its value
             key = ("const", tuple(sorted((k, _attr_key(a)) for k, a in node.attributes.items())))
             tokens[node.outputs[0]] = key
             continue
+        # Numbered among non-constant nodes only: a constant placed elsewhere in one body
+        # (torch.onnx shares constants; the first user's call keeps the original) must not
+        # shift the references of every node after it.
+        n = len(parts)
         inputs = tuple(
             None if v is None else tokens.get(v, ("outer", v.name)) for v in node.inputs)
         attrs = tuple(sorted((name, _attr_key(a)) for name, a in node.attributes.items()))

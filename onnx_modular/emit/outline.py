@@ -118,6 +118,7 @@ def _localize_constants(graph: ir.Graph, nodes: list[ir.Node],
     chain_of = dict(zip(nodes, per_node))
     inserted: list[tuple[int, ir.Node, tuple[CallInfo, ...]]] = []
     position = {node: i for i, node in enumerate(nodes)}
+    dead: set[ir.Node] = set()
     for i, node in enumerate(nodes):
         if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or node.inputs:
             continue
@@ -139,6 +140,11 @@ def _localize_constants(graph: ir.Graph, nodes: list[ir.Node],
                 graph.insert_before(use.node, clone)
                 inserted.append((position[use.node], clone, user_chain))
             use.node.replace_input_with(use.idx, value)
+        if copies and not node.outputs[0].uses() and node.outputs[0] not in graph.outputs:
+            # Every user took a copy: left behind, the original would be a dead node in its
+            # call's body, and that body would no longer match its siblings' (Mamba's norms).
+            graph.remove(node, safe=True)
+            dead.add(node)
     if not inserted:
         return
     # Splice the clones into the node list just before their first user.
@@ -151,8 +157,9 @@ def _localize_constants(graph: ir.Graph, nodes: list[ir.Node],
         for clone, clone_chain in by_position.get(i, []):
             new_nodes.append(clone)
             new_chains.append(clone_chain)
-        new_nodes.append(node)
-        new_chains.append(chain)
+        if node not in dead:
+            new_nodes.append(node)
+            new_chains.append(chain)
     nodes[:] = new_nodes
     per_node[:] = new_chains
 

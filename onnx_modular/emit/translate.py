@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import io
 import logging
+import re
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -22,7 +23,7 @@ from typing import Any
 import onnx_ir as ir
 import torch
 
-from onnx_modular.diagnostics import DiagnosticContext, rules
+from onnx_modular.diagnostics import DiagnosticContext, Location, rules
 
 FX_NODE_KEY = "pkg.torch.onnx.fx_node"
 # torchlib's opset: below it torch.onnx converts the model down, dropping node metadata.
@@ -46,15 +47,19 @@ def fx_name(node: ir.Node) -> str | None:
 @contextlib.contextmanager
 def quiet_torch_onnx() -> Iterator[None]:
     """torch.onnx prints progress and warns about torchvision; keep the user's terminal clean."""
-    logger = logging.getLogger("torch.onnx")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
+    # onnxscript's version converter logs a warning with a traceback when it cannot reach
+    # the opset; translate() reports that as one line instead.
+    loggers = [logging.getLogger(name) for name in ("torch.onnx", "onnxscript.version_converter")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
             yield
     finally:
-        logger.setLevel(level)
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 def _exporter() -> tuple[Callable[..., Any], Callable[[int], Any]] | None:
@@ -90,6 +95,42 @@ def _torch_onnx(program: torch.export.ExportedProgram, opset: int | None) -> Any
                         verbose=False)
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_FAILED_NODE = re.compile(r"Error when translating node %(\w+) : .*?target=([\w.:]+)")
+
+
+def _failure(error: BaseException, program: torch.export.ExportedProgram) -> tuple[str, Location]:
+    """One line for a torch.onnx failure, and where it is.
+
+    torch.onnx's message is a page of advice ending in "Refer to the full stack trace"; the
+    facts are in the chained causes: the FX node it was translating (ConversionError) and,
+    innermost, why (e.g. "No ONNX function found for <OpOverload(...)>").
+    """
+    causes: list[BaseException] = []
+    seen: BaseException | None = error
+    while seen is not None and seen not in causes:
+        causes.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    node_name = target = None
+    for cause in causes:
+        match = _FAILED_NODE.search(str(cause))
+        if match:
+            node_name, target = match.groups()
+            break
+    root = next((c for c in reversed(causes) if str(c).strip()), error)
+    lines = [_ANSI.sub("", line).strip() for line in str(root).strip().splitlines()]
+    why = next((line for line in lines if line), type(root).__name__)
+    if node_name is None:
+        return why, Location()
+    node = next((n for n in program.graph.nodes if n.name == node_name), None)
+    location = Location(fx_node=node_name)
+    if node is not None:
+        frames = node.meta.get("nn_module_stack") or {}
+        path = next(reversed(frames.values()))[0] if frames else ""
+        location = Location.of_node(node, str(path))
+    return f"node '{node_name}' ({target}): {why}", location
+
+
 def translate(program: torch.export.ExportedProgram, *, opset: int | None = None,
               ctx: DiagnosticContext | None = None) -> Translation:
     ctx = ctx if ctx is not None else DiagnosticContext()
@@ -97,9 +138,30 @@ def translate(program: torch.export.ExportedProgram, *, opset: int | None = None
         with quiet_torch_onnx():
             onnx_program = _torch_onnx(program, opset)
     except Exception as e:
-        first = str(e).strip().splitlines()
-        detail = next((line for line in reversed(first) if line.strip()), type(e).__name__)
-        raise ctx.error(rules.TRANSLATION, reason=(
+        detail, location = _failure(e, program)
+        raise ctx.error(rules.TRANSLATION, location, reason=(
             f"torch.onnx could not translate the program: {detail}")) from e
     assert onnx_program.exported_program is not None
+    reached = onnx_program.model.opset_imports.get("")
+    if opset is not None and reached != opset:
+        # torch.onnx translates at its own opset and converts; when conversion fails it keeps
+        # the model unconverted yet uses ops of the newer opset: an invalid model.
+        raise ctx.error(rules.TRANSLATION, reason=(
+            f"torch.onnx could not convert the model to opset {opset} (the converter left it "
+            f"at opset {reached}); choose an opset the installed onnxscript can convert to"))
+    _stable_stack_traces(onnx_program.model)
     return Translation(onnx_program.model, onnx_program.exported_program)
+
+
+_GENERATED_FILE = re.compile(r"<eval_with_key>\.\d+")
+STACK_TRACE_KEY = "pkg.torch.onnx.stack_trace"
+
+
+def _stable_stack_traces(model: ir.Model) -> None:
+    """Source locations in generated code (torch.cond branches, a GraphModule as the model)
+    name ``<eval_with_key>.N``, N counting FX compilations in this process: without the
+    number the same export gives the same bytes (invariant 6)."""
+    for node in model.graph.all_nodes():
+        trace = node.metadata_props.get(STACK_TRACE_KEY)
+        if trace and "<eval_with_key>." in trace:
+            node.metadata_props[STACK_TRACE_KEY] = _GENERATED_FILE.sub("<eval_with_key>", trace)
