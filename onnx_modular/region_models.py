@@ -194,10 +194,12 @@ def partition(model: ir.Model, region_names: Sequence[tuple[str, str]],
         for v in outputs[r]:
             _fill_type(v, fx_meta)
     for v in graph_outputs:
+        if v in graph_inputs:
+            continue  # a model input returned as is: the runner has it from the start
         if v.producer() is None or v.producer() not in region:
             raise ctx.error(rules.TRANSLATION, reason=(
-                f"model output '{v.name}' is not computed by any region (a model input or a "
-                "constant returned as is cannot be split)"))
+                f"model output '{v.name}' is not computed by any region (a constant returned "
+                "as is cannot be split)"))
 
     graph.outputs.clear()
     graph.remove(list(graph), safe=False)

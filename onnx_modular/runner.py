@@ -77,6 +77,7 @@ class SplitRunner:
     # inputs and outputs
     def _flat_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
         declared = self.manifest.get("inputs", [])
+        kwargs = self._ordered_kwargs(kwargs)
         try:
             import torch.utils._pytree as pytree
 
@@ -88,6 +89,27 @@ class SplitRunner:
             raise _fail(f"the model takes {len(declared)} tensor input(s) "
                         f"({', '.join(d['name'] for d in declared)}), got {len(arrays)}")
         return arrays
+
+    def _ordered_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Keyword inputs in the order the model was captured with, whatever order they
+        come in: inputs are matched by position, so ``run(b=, a=)`` must not swap a and b."""
+        if not kwargs or not self.manifest.get("in_spec"):
+            return kwargs
+        try:
+            import torch.utils._pytree as pytree
+
+            spec = pytree.treespec_loads(self.manifest["in_spec"])
+            kw_spec = spec.child(1) if spec.type is tuple and \
+                spec.num_children == 2 else None
+        except Exception:  # no torch, or a spec pytree cannot read: keep the caller's order
+            return kwargs
+        if kw_spec is None or kw_spec.type is not dict:
+            return kwargs
+        expected = list(kw_spec.context)
+        if set(kwargs) != set(expected):
+            raise _fail(f"the model was captured with keyword input(s) "
+                        f"{', '.join(expected) or 'none'}; got {', '.join(kwargs)}")
+        return {k: kwargs[k] for k in expected}
 
     def _structure(self, flat: list[Any], as_torch: bool) -> Any:
         if as_torch:

@@ -8,11 +8,9 @@ reads, shared with pipeline stages); ``save_single`` writes one model of region 
 
 from __future__ import annotations
 
-import contextlib
-import io
 import logging
 import os
-import warnings
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -63,21 +61,56 @@ def capture_program(model: Any, args: Sequence[Any] = (), kwargs: dict[str, Any]
 
 def translate_program(program: torch.export.ExportedProgram, opset: int | None = None,
                       ctx: DiagnosticContext | None = None) -> Any:
-    """``torch.onnx.export(program, dynamo=True, optimize=False)``, quietly."""
+    """``torch.onnx.export(program, dynamo=True, optimize=False)``, quietly.
+
+    Through the exporter entry point ``emit.translate`` captured at import, so that an active
+    ``om.hook()`` (which makes ``torch.onnx.export`` return outlined, optimized models whose
+    nodes no longer map one-to-one onto FX nodes) cannot change what the split cuts.
+    """
+    from onnx_modular.emit.translate import MIN_HIERARCHICAL_OPSET, _torch_onnx, quiet_torch_onnx
+
     ctx = ctx or DiagnosticContext()
+    if opset is not None and opset < MIN_HIERARCHICAL_OPSET:
+        # torch.onnx would convert the model down and drop each node's FX origin, so every
+        # ONNX node would land in the first region, unsupported ones included.
+        raise ctx.error(rules.BAD_INPUT, reason=(
+            f"opset {opset} cannot be split: below opset {MIN_HIERARCHICAL_OPSET} torch.onnx "
+            "drops the FX node each ONNX node comes from; use opset "
+            f">= {MIN_HIERARCHICAL_OPSET}"))
     registration = logging.getLogger("torch.onnx._internal.exporter._registration")
     level = registration.level
     registration.setLevel(logging.ERROR)  # "torchvision is not installed" noise
     try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-            warnings.simplefilter("ignore")
-            return torch.onnx.export(program, dynamo=True, optimize=False, verbose=False,
-                                     opset_version=opset)
+        with quiet_torch_onnx():
+            return _torch_onnx(program, opset)
     except Exception as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ctx.error(rules.TRANSLATION, reason=f"translation to ONNX failed: {first}") from e
+        raise ctx.error(rules.TRANSLATION, reason=(
+            f"translation to ONNX failed{_translation_failure(e)}")) from e
     finally:
         registration.setLevel(level)
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_FX_NODE = re.compile(r"(?:Error when translating node|While executing) %([\w.]+)")
+
+
+def _translation_failure(error: BaseException) -> str:
+    """`` at FX node 'x': <root cause>``, from the exception chain.
+
+    torch.onnx wraps the real failure in generic "step N/3" errors whose first line names
+    neither the node nor the reason; the wrapped errors name both.
+    """
+    chain: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and current not in chain:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    texts = [_ANSI.sub("", str(e)).strip() for e in chain]
+    node = next((m.group(1) for t in texts if (m := _FX_NODE.search(t))), None)
+    root, text = chain[-1], texts[-1]
+    first = next((line for line in text.splitlines() if line.strip()), "")
+    reason = f"{type(root).__name__}: {first}" if first else type(root).__name__
+    return f" at FX node '{node}': {reason}" if node else f": {reason}"
 
 
 # ---- the result ------------------------------------------------------------------------------
