@@ -34,6 +34,14 @@ def _fail(reason: str, rule: Any = rules.BAD_INPUT) -> OnnxModularError:
     return DiagnosticContext().error(rule, reason=reason)
 
 
+class ProviderUnavailableError(OnnxModularError):
+    """An execution provider that ONNX Runtime lists but cannot start (no GPU, no driver).
+
+    Its own class so that validation with default providers can skip it with the reason,
+    while an explicit request for it stays an error.
+    """
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
@@ -97,7 +105,13 @@ def _external_files(proto: onnx.ModelProto) -> set[str]:
 
 
 def load_model(onnx_model: Any, what: str = "ONNX model") -> LoadedModel:
-    """A path, an ``onnx.ModelProto`` or anything with ``.model_proto`` (an export result)."""
+    """A path, an ``onnx.ModelProto`` or anything with ``.model_proto`` (an export result).
+
+    A :class:`LoadedModel` passes through, so the command line can read a file once, early
+    (a corrupt file fails before the torch model is built), and keep its path as the label.
+    """
+    if isinstance(onnx_model, LoadedModel):
+        return onnx_model
     if isinstance(onnx_model, onnx.ModelProto):
         return LoadedModel(onnx_model, "<ModelProto>")
     proto = getattr(onnx_model, "model_proto", None)
@@ -105,6 +119,8 @@ def load_model(onnx_model: Any, what: str = "ONNX model") -> LoadedModel:
         return LoadedModel(proto, f"<{type(onnx_model).__name__}>")
     if isinstance(onnx_model, (str, os.PathLike)):
         path = Path(onnx_model)
+        if path.is_dir():
+            raise _fail(f"cannot read {what} '{path}': it is a directory, not an ONNX file")
         if not path.is_file():
             raise _fail(f"cannot read {what} '{path}': no such file")
         try:
@@ -151,6 +167,14 @@ def resolve_providers(providers: str | Sequence[str] | None) -> list[str]:
     return resolved
 
 
+def unavailable_defaults(chosen: Sequence[str]) -> dict[str, str]:
+    """Default providers missing from ``chosen``, each with why (stated, not silent)."""
+    return {p: ("this onnxruntime has no CUDAExecutionProvider (it needs the onnxruntime-gpu "
+                "package and a CUDA GPU)" if p == "CUDAExecutionProvider"
+                else "not available in this onnxruntime")
+            for p in DEFAULT_PROVIDERS if p not in chosen}
+
+
 def short_provider(name: str) -> str:
     return name.removesuffix("ExecutionProvider")
 
@@ -173,9 +197,10 @@ def make_session(source: str | bytes, provider: str,
                     f"{_first_line(exc)}", rules.VALIDATION) from None
     elapsed = time.perf_counter() - start
     if provider not in session.get_providers():
-        raise _fail(f"{provider} could not be initialized (ONNX Runtime fell back to "
-                    f"{', '.join(session.get_providers())}); check the CUDA/cuDNN install",
-                    rules.VALIDATION)
+        raise ProviderUnavailableError(_fail(
+            f"{provider} could not be initialized (ONNX Runtime fell back to "
+            f"{', '.join(session.get_providers())}); check the GPU, CUDA and cuDNN install",
+            rules.VALIDATION).diagnostic)
     return session, elapsed
 
 

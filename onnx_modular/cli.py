@@ -25,8 +25,10 @@ from onnx_modular.diagnostics import OnnxModularError
 
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
 
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+# Piped into a file or a CI log, rich would assume 80 columns and cut trees and tables.
+_WIDTH = None if sys.stdout.isatty() else 160
+out = Console(soft_wrap=True, width=_WIDTH)
+err = Console(stderr=True, soft_wrap=True, width=_WIDTH)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -39,12 +41,17 @@ class _Parser(argparse.ArgumentParser):
 
 @contextlib.contextmanager
 def _step(message: str) -> Iterator[None]:
-    """A spinner on stderr while a long step runs, then its duration."""
+    """A spinner on stderr while a long step runs, then its duration.
+
+    Both only on a terminal: redirected or captured, stderr then carries nothing but
+    errors and warnings, so a user error there is exactly one line.
+    """
     start = time.perf_counter()
     with err.status(f"{message} ..."):
         yield
-    err.print(f"[green]✓[/green] {message} [dim]({time.perf_counter() - start:.1f}s)[/dim]",
-              highlight=False)
+    if err.is_terminal:
+        err.print(f"[green]✓[/green] {message} "
+                  f"[dim]({time.perf_counter() - start:.1f}s)[/dim]", highlight=False)
 
 
 def _add_model_inputs(p: argparse.ArgumentParser) -> None:
@@ -176,13 +183,24 @@ def cmd_export(args: argparse.Namespace) -> int:
     out.print(table)
     if not args.validate:
         return EXIT_OK
-    from onnx_modular.validate import run_validate
+    from onnx_modular.validate import validate
 
     with _step("Validating against ONNX Runtime"):
-        code = run_validate(model, inputs, args.output, kwargs=kwargs,
-                            providers=_providers(args.providers), report=args.report,
-                            console=out)
-    return code
+        rep = validate(model, inputs, args.output, kwargs=kwargs,
+                       providers=_providers(args.providers))
+    return _finish(rep, rep.ok, args.report)
+
+
+def _finish(rep: Any, ok: bool, report: str | None) -> int:
+    """Print a validate/compare report, save it if asked; 0 when ok, else 1 (a mismatch).
+
+    Errors are not caught here: they reach :func:`main`, which prints one line on stderr
+    (or, with ``--debug``, the traceback) and exits 2.
+    """
+    out.print(rep)
+    if report:
+        rep.save(report)
+    return EXIT_OK if ok else EXIT_MISMATCH
 
 
 def cmd_split(args: argparse.Namespace) -> int:
@@ -226,32 +244,42 @@ def _parse_split_points(text: str) -> dict[str, str]:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from onnx_modular.onnx_tree import load_onnx
-    from onnx_modular.validate import run_validate
+    from onnx_modular._ort import load_model
+    from onnx_modular.validate import validate
 
-    proto = load_onnx(args.onnx)  # a corrupt file fails here, before the model is built
+    if args.report:
+        _check_writable(args.report)
+    loaded = load_model(args.onnx)  # a corrupt file fails here, before the model is built
     model, inputs, kwargs = _load(args)
     with _step("Validating against ONNX Runtime"):
-        return run_validate(model, inputs, proto, kwargs=kwargs,
-                            providers=_providers(args.providers), rtol=args.rtol,
-                            atol=args.atol, report=args.report, console=out)
+        rep = validate(model, inputs, loaded, kwargs=kwargs,
+                       providers=_providers(args.providers), rtol=args.rtol, atol=args.atol)
+    return _finish(rep, rep.ok, args.report)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from onnx_modular.compare import run_compare
+    from onnx_modular.compare import compare
 
+    if args.report:
+        _check_writable(args.report)
     inputs = None
     if args.inputs:
         from onnx_modular.loading import load_inputs
 
         inputs = load_inputs(args.inputs)[0]
-    return run_compare(args.a, args.b, inputs, report=args.report, console=out)
+    with _step("Comparing"):
+        rep = compare(args.a, args.b, inputs)
+    return _finish(rep, rep.equivalent, args.report)
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    from onnx_modular.loading import user_error
     from onnx_modular.onnx_tree import call_tree, function_table, load_onnx, summary
 
     model = load_onnx(args.onnx, load_external_data=False)
+    if not model.graph.node and not model.graph.output and not model.functions:
+        # protobuf parses an empty (or all-zero-field) file as an empty model
+        raise user_error(f"'{args.onnx}' holds no ONNX graph (an empty or truncated file?)")
     if args.json:
         out.print_json(json.dumps(summary(model)))
         return EXIT_OK

@@ -122,6 +122,9 @@ def random_input(spec: str, seed: int = 0) -> torch.Tensor:
         shape = [int(d) for d in shape_text.lower().split("x")] if shape_text else []
     except ValueError:
         raise user_error(f"bad shape '{shape_text}' in --input '{spec}' (e.g. 1x8)") from None
+    if any(d < 0 for d in shape):
+        raise user_error(f"bad shape '{shape_text}' in --input '{spec}': dimensions must be "
+                         ">= 0")
     generator = torch.Generator().manual_seed(seed)
     if dtype == torch.bool:
         return torch.randint(0, 2, shape, generator=generator).bool()

@@ -154,6 +154,7 @@ class Probe:
     calls: list[OnnxCall]
     position: dict[str, int]  # value name -> index of its producer in the inlined graph
     kind: str  # "hierarchical", "flat" or "none"
+    note: str = ""  # why kind is "none", when the model has metadata that cannot be used
 
 
 class _TrackingInliner(InlinePass):
@@ -259,6 +260,34 @@ def _flat_calls(graph: onnx.GraphProto) -> list[OnnxCall]:
     return [call for _, call in found_calls]
 
 
+def _stale_call_metadata(graph: onnx.GraphProto) -> str | None:
+    """The call id that labels two separate calls of a flat graph, if any.
+
+    A flat model made by inlining a hierarchical one whose calls share a function body
+    (``om.export(..., functions="none")`` with ``dedupe``) keeps, on the nodes of every
+    call but the one the body was built from, that call's ``call_id`` and
+    ``name_scopes`` (``layers.0.fc1`` on layer 1's nodes too). The nodes of one call are
+    contiguous, with only its descendants' nodes among them; a call id whose nodes are
+    parted by nodes of another, unrelated call therefore labels two calls, and localizing
+    by these labels would name the wrong module.
+    """
+    last: dict[str, int] = {}
+    ids: list[str | None] = []
+    for node in graph.node:
+        meta = {p.key: p.value for p in node.metadata_props}
+        ids.append(meta.get(META_CALL))
+    for i, call_id in enumerate(ids):
+        if call_id is None:
+            continue
+        prev = last.get(call_id)
+        if prev is not None and prev < i - 1:
+            between = [c for c in ids[prev + 1:i] if c is not None]
+            if any(c != call_id and not c.startswith(call_id + ".") for c in between):
+                return call_id
+        last[call_id] = i
+    return None
+
+
 def _has_module_calls(proto: onnx.ModelProto) -> bool:
     for node in proto.graph.node:
         for p in node.metadata_props:
@@ -297,6 +326,12 @@ def build_probe(proto: onnx.ModelProto, model_bytes: bytes | None = None) -> Pro
             calls = _flat_calls(graph)
     else:
         graph, base = proto.graph, model_bytes
+        stale = _stale_call_metadata(graph)
+        if stale is not None:
+            return Probe(base, [], {}, "none", (
+                f"the flat model's module metadata is ambiguous: '{stale}' labels more than "
+                "one module call (metadata copied from a shared function body); validate "
+                "the hierarchical export, or export flat with dedupe=False, to localize"))
         calls = _flat_calls(graph)
         kind = "flat"
     if not calls:

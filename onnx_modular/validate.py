@@ -83,6 +83,8 @@ class ValidationReport(Report):
     torch_s: float
     localization: Localization | None = None
     localization_provider: str | None = None
+    #: default providers that were not checked, with the reason (e.g. no CUDA here)
+    skipped: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -105,6 +107,7 @@ class ValidationReport(Report):
             "first_mismatch": self.first_mismatch,
             "torch_s": self.torch_s,
             "providers": {r.provider: r.to_dict() for r in self.results},
+            "skipped": dict(self.skipped),
             "localization": None if self.localization is None else {
                 "provider": self.localization_provider, **self.localization.to_dict()},
         }
@@ -139,6 +142,10 @@ class ValidationReport(Report):
         parts = [f"{_ort.short_provider(r.provider)}: session {r.session_s * 1e3:.0f} ms, "
                  f"run {r.run_s * 1e3:.1f} ms" for r in self.results]
         return "; ".join([*parts, f"torch {self.torch_s * 1e3:.0f} ms"])
+
+    def _skipped_line(self) -> str:
+        return "; ".join(f"{_ort.short_provider(p)} skipped: {why}"
+                         for p, why in self.skipped.items())
 
     def summary(self) -> str:
         if self.ok:
@@ -175,12 +182,16 @@ class ValidationReport(Report):
             for i, row in enumerate(self._loc_rows()):
                 loc.add_row(*row, style="bold" if i == first else None)
             parts.append(loc)
+        if self.skipped:
+            parts.append(Text(self._skipped_line(), style="yellow"))
         parts.append(Text(self.summary(), style="green" if self.ok else "bold red"))
         return Group(*parts)
 
     def to_markdown(self) -> str:
         lines = [f"# Validation of {self.model}", "", f"**{self.summary()}**", ""]
         lines += [*_md_table(self._HEAD, self._rows()), "", f"Timings: {self._timings()}"]
+        if self.skipped:
+            lines += ["", f"Not checked: {self._skipped_line()}"]
         if self.localization is not None:
             lines += ["", f"## Diverging module calls ({self.localization_provider})", ""]
             if self.localization.divergences:
@@ -331,6 +342,10 @@ def validate(
     kwargs = dict(kwargs or {})
     loaded = _ort.load_model(onnx_model)
     chosen = _ort.resolve_providers(providers)
+    # Only providers the user left to the default may be skipped; an explicit request for
+    # one that cannot run is an error, never a silent CPU-only check.
+    defaulted = providers is None
+    skipped = _ort.unavailable_defaults(chosen) if defaulted else {}
     reference = model.module() if isinstance(model, torch.export.ExportedProgram) else model
     if not callable(reference):
         raise _error(f"model must be a torch.nn.Module or an ExportedProgram, "
@@ -339,12 +354,14 @@ def validate(
                         f"ONNX model {loaded.label}")
 
     with gc_paused():
-        return _validate(model, args, kwargs, loaded, chosen, feeds, rtol, atol, localize)
+        return _validate(model, args, kwargs, loaded, chosen, feeds, rtol, atol, localize,
+                         defaulted, skipped)
 
 
 def _validate(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
               loaded: _ort.LoadedModel, chosen: list[str], feeds: dict[str, np.ndarray],
-              rtol: float | None, atol: float | None, localize: bool | str) -> ValidationReport:
+              rtol: float | None, atol: float | None, localize: bool | str,
+              defaulted: bool, skipped: dict[str, str]) -> ValidationReport:
     start = time.perf_counter()
     calls = None
     if localize is True:
@@ -362,16 +379,24 @@ def _validate(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
     results = []
     source = loaded.session_source()
     for provider in chosen:
-        session, session_s = _ort.make_session(source, provider)
+        try:
+            session, session_s = _ort.make_session(source, provider)
+        except _ort.ProviderUnavailableError as exc:
+            # onnxruntime-gpu lists CUDA even where no GPU or driver is present: a default
+            # CUDA check that cannot start is skipped with its reason; CPU still runs
+            if not defaulted:
+                raise
+            skipped[provider] = exc.diagnostic.message
+            continue
         actual, run_s = _ort.run_session(session, feeds)
         checks = [_check(name, a, e, rtol, atol)
                   for name, a, e in zip(output_names, actual, expected, strict=True)]
         results.append(ProviderResult(provider, checks, session_s, run_s))
 
-    report = ValidationReport(loaded.label, results, torch_s)
+    report = ValidationReport(loaded.label, results, torch_s, skipped=skipped)
     failing = [r.provider for r in results if not r.ok]
     if localize is True or (localize == "auto" and failing):
-        provider = failing[0] if failing else chosen[-1]
+        provider = failing[0] if failing else results[-1].provider
         if calls is None:
             _, calls = _torch_run(model, args, kwargs, record=True)
         report.localization = _localize(loaded, feeds, provider, calls, rtol, atol)
@@ -433,7 +458,7 @@ def _localize(loaded: _ort.LoadedModel, feeds: dict[str, np.ndarray], provider: 
         return Localization("none", 0, [], None,
                             f"could not inline the model: {_ort._first_line(exc)}")
     if probe.kind == "none":
-        return Localization("none", 0, [], None,
+        return Localization("none", 0, [], None, probe.note or
                             "the ONNX model carries no module metadata to localize with")
     session, _ = _ort.make_session(probe.model_bytes, provider, loaded.session_config())
     names = [o.name for o in session.get_outputs()]
