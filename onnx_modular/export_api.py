@@ -26,6 +26,7 @@ from onnx_modular._io import atomic_path
 from onnx_modular._util import gc_paused
 from onnx_modular.capture import capture
 from onnx_modular.diagnostics import Diagnostic, DiagnosticContext, Location, rules, to_sarif
+from onnx_modular.emit.inline import RebasingInlinePass
 from onnx_modular.emit.optimize import (
     finish_inlined,
     fold_weights,
@@ -173,7 +174,7 @@ def emit(model: ir.Model, program: torch.export.ExportedProgram, *, functions: A
         with ctx.scope("Optimize"):
             optimize(model)
     if flat:
-        ir.passes.common.InlinePass()(model)
+        RebasingInlinePass()(model)
         if optimize_model:
             finish_inlined(model)
         remove_unused_initializers(model.graph)

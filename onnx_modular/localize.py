@@ -35,6 +35,7 @@ import torch
 from onnx_ir.passes.common.inliner import InlinePass
 
 from onnx_modular import _ort, _wire
+from onnx_modular.emit.inline import RebasingInlinePass
 
 META_PATH = "onnx_modular.module_path"
 META_TYPE = "onnx_modular.module_type"
@@ -157,8 +158,9 @@ class Probe:
     note: str = ""  # why kind is "none", when the model has metadata that cannot be used
 
 
-class _TrackingInliner(InlinePass):
-    """onnx_ir's inliner, noting every call node instance it expands and where it came from."""
+class _TrackingInliner(RebasingInlinePass):
+    """The inliner (labels moved to each actual call), noting every call node instance it
+    expands and where it came from."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import collections
 import os
 
@@ -97,6 +98,41 @@ def test_inlined_hierarchical_is_the_flat_model(name: str) -> None:
     report = om.compare(hierarchical, flat, inputs=args)
     assert report.same_structure and report.equivalent
     assert np.array_equal(_run(hierarchical, *args)[0], _run(flat, *args)[0])
+
+
+class _SharedTwice(nn.Module):
+    """One instance called twice (shared, shared@1) and two identical layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shared = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.shared(self.shared(x))
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_flat_nodes_name_their_own_module_call() -> None:
+    """Inlining a shared body moves its labels to each call: layer 1's nodes say layers.1."""
+    torch.manual_seed(0)
+    flat = om.export(_SharedTwice(), (torch.randn(2, 8),), functions="none").model_proto
+    labels = [{p.key: p.value for p in n.metadata_props} for n in flat.graph.node]
+    by_call = collections.defaultdict(list)
+    for i, meta in enumerate(labels):
+        by_call[meta.get("onnx_modular.call_id")].append(i)
+        scopes = meta.get("pkg.torch.onnx.name_scopes")
+        if scopes and "onnx_modular.module_path" in meta:  # torch.onnx's scopes agree
+            *calls, _node = ast.literal_eval(scopes)
+            path = meta["onnx_modular.module_path"]
+            assert calls[0] == "" and calls[-1] == path, scopes
+            # here calls nest as their paths do: no other call's ancestors in the chain
+            assert all(path.startswith(c + ".") for c in calls[1:-1]), scopes
+    assert {"shared.0", "shared.0@1", "layers.0.0", "layers.1.0", "layers.1.1"} <= set(by_call)
+    for call_id, members in by_call.items():  # each call's nodes are one contiguous run
+        assert members == list(range(members[0], members[-1] + 1)), call_id
 
 
 def test_deterministic_bytes(tiny, tmp_path) -> None:

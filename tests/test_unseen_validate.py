@@ -184,9 +184,10 @@ def _flat_with_planted_weight() -> tuple[nn.Module, tuple, onnx.ModelProto]:
 
 
 def test_flat_export_with_copied_metadata_names_no_wrong_module():
-    """Flat om.export inlines shared bodies, whose nested calls keep blocks.0's metadata on
-    blocks.1's and blocks.2's nodes; localizing by it named 'head' (the error is in
-    blocks.1.0). Until the emitter writes each copy's own path, say it cannot tell."""
+    """Flat om.export inlines shared bodies, whose nested calls were built for blocks.0;
+    inlining moves their labels to each call (emit/inline.py). Without that, localizing by
+    them named 'head' (the error is in blocks.1.0); labels that still label two calls alike
+    (flat files from elsewhere) make localization say it cannot tell."""
     model, args, proto = _flat_with_planted_weight()
     rep = om.validate(model, args, proto, providers="cpu")
     assert not rep.ok
@@ -195,8 +196,6 @@ def test_flat_export_with_copied_metadata_names_no_wrong_module():
         assert "ambiguous" in rep.localization.note
 
 
-@pytest.mark.xfail(strict=True, reason="emit: flat inlining keeps the shared body's "
-                   "name_scopes/call_id metadata for every call (export_api.emit)")
 def test_flat_export_localizes_like_the_hierarchical_one():
     model, args, proto = _flat_with_planted_weight()
     assert om.validate(model, args, proto, providers="cpu").first_mismatch == "blocks.1.0"

@@ -20,6 +20,7 @@ import onnx_ir as ir
 
 from onnx_modular._util import common_prefix
 from onnx_modular.emit.canonical import graph_key
+from onnx_modular.emit.inline import record_origin
 from onnx_modular.emit.translate import fx_name
 from onnx_modular.passes.modularize import CallInfo
 
@@ -265,6 +266,7 @@ class _Outliner:
         name = base if count == 0 else f"{base}_{count}"
         function = ir.Function(domain, name, graph=body, attributes=[])
         function.doc_string = info.module_type
+        record_origin(function, info.module_path, info.call_id)
         self.model.functions[function.identifier()] = function
         self.model.opset_imports.setdefault(domain, 1)
         self.report.functions += 1

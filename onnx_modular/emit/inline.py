@@ -1,0 +1,143 @@
+"""Inline module functions so that every copy names the module call it stands for.
+
+A function shared by several calls is built from the first of them: the calls nested in its
+body, and torch.onnx's ``name_scopes`` of its nodes, name that first call (``layers.0.fc``).
+Inlined for ``layers.1``, they must say ``layers.1.fc``, or the flat model labels two calls
+alike and whoever reads the labels (a debugger, ``validate``'s localization) picks the wrong
+module. Each function records the call it was built from; inlining moves the labels of
+every copy from that call to the actual one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import onnx_ir as ir
+from onnx_ir.passes.common.inliner import InlinePass
+
+META_PATH = "onnx_modular.module_path"
+META_CALL = "onnx_modular.call_id"
+META_TYPE = "onnx_modular.module_type"
+# On a function: the module call its body was built from.
+ORIGIN_PATH = "onnx_modular.origin_path"
+ORIGIN_CALL = "onnx_modular.origin_call_id"
+NAME_SCOPES = "pkg.torch.onnx.name_scopes"
+CLASS_HIERARCHY = "pkg.torch.onnx.class_hierarchy"
+NAMESPACE = "namespace"
+
+_CALL_SUFFIX = re.compile(r"(?:[@#]\d+)*$")
+_QUOTED = re.compile(r"'([^']*)'")
+
+
+def record_origin(function: ir.Function, module_path: str, call_id: str) -> None:
+    function.metadata_props[ORIGIN_PATH] = module_path
+    function.metadata_props[ORIGIN_CALL] = call_id
+
+
+def _path_mover(old: str, new: str) -> Callable[[str], str]:
+    def move(path: str) -> str:
+        if path == old:
+            return new
+        if path.startswith(old + "."):
+            return new + path[len(old):]
+        return path
+
+    return move
+
+
+def _call_mover(old_call: str, new_call: str, move: Callable[[str], str]) -> Callable[[str], str]:
+    """``layers.0.fc`` -> ``layers.1.fc``; for a second call of one instance (``shared@1``),
+    the nested ``shared.fc`` takes its suffix too: ``shared.fc@1``, as torch.export names it."""
+    old_suffix = _CALL_SUFFIX.search(old_call).group()  # type: ignore[union-attr]
+    new_suffix = _CALL_SUFFIX.search(new_call).group()  # type: ignore[union-attr]
+
+    def move_call(call_id: str) -> str:
+        suffix = _CALL_SUFFIX.search(call_id).group()  # type: ignore[union-attr]
+        path = call_id[:len(call_id) - len(suffix)]
+        moved = move(path)
+        if moved is path and path != "":
+            return call_id  # not inside the origin call
+        return moved + (new_suffix if suffix == old_suffix else suffix)
+
+    return move_call
+
+
+Frame = tuple[str, str]  # (module path, qualified class) of a call, root first
+
+
+def _retrace(meta: dict[str, str], chain: list[Frame], origin: str,
+             move: Callable[[str], str]) -> None:
+    """torch.onnx's scope lists: the calls above the origin become the actual call's chain.
+
+    ``name_scopes`` ``['', 'model', 'model.h.0', 'add_5']`` inlined for ``model.h.1`` reads
+    ``['', 'model', 'model.h.1', 'add_5']``; ``class_hierarchy`` and ``namespace`` follow.
+    """
+    scopes = _QUOTED.findall(meta.get(NAME_SCOPES, ""))
+    if origin not in scopes:
+        return
+    k = scopes.index(origin)
+    tail = [move(p) for p in scopes[k + 1:]]
+    meta[NAME_SCOPES] = repr([path for path, _ in chain] + tail)
+    classes = _QUOTED.findall(meta.get(CLASS_HIERARCHY, ""))
+    if len(classes) == len(scopes):
+        meta[CLASS_HIERARCHY] = repr([cls for _, cls in chain] + classes[k + 1:])
+    segments = meta.get(NAMESPACE, "").split("/")
+    if len(segments) == len(scopes):
+        meta[NAMESPACE] = "/".join([f"{path}: {cls}" for path, cls in chain]
+                                   + [f"{move(p)}: {c}" for p, _, c in
+                                      (seg.partition(": ") for seg in segments[k + 1:])])
+
+
+class RebasingInlinePass(InlinePass):
+    """onnx_ir's inliner; every inlined node's module labels name the call it was inlined for.
+
+    Calls are inlined outside in, so a call node is already rebased when its own body is
+    expanded; the cloner gives primitive nodes the call node's labels, and nested calls and
+    torch.onnx's scope lists are moved here.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._chains: dict[ir.Node, list[Frame]] = {}  # call node -> its calls, root first
+
+    def _chain_of(self, node: ir.Node, inlined: list[ir.Node]) -> list[Frame]:
+        """The call's chain; a main-graph call's root frame is read off torch.onnx's scopes."""
+        chain = self._chains.get(node)
+        if chain is not None:
+            return chain
+        root: Frame = ("", "")
+        for n in inlined:
+            scopes = _QUOTED.findall(n.metadata_props.get(NAME_SCOPES, ""))
+            classes = _QUOTED.findall(n.metadata_props.get(CLASS_HIERARCHY, ""))
+            if scopes and classes:
+                root = (scopes[0], classes[0])
+                break
+        meta = node.metadata_props
+        return [root, (meta.get(META_PATH, ""), meta.get(META_TYPE, ""))]
+
+    def _instantiate_call(self, node: ir.Node, call_site_id: str):  # type: ignore[override]
+        nodes, values = super()._instantiate_call(node, call_site_id)
+        function = self._functions[node.op_identifier()]
+        origin_path = function.metadata_props.get(ORIGIN_PATH)
+        origin_call = function.metadata_props.get(ORIGIN_CALL)
+        path = node.metadata_props.get(META_PATH)
+        call = node.metadata_props.get(META_CALL)
+        if None in (origin_path, origin_call, path, call):
+            return nodes, values
+        assert origin_path is not None and origin_call is not None and call is not None
+        move = _path_mover(origin_path, path)  # type: ignore[arg-type]
+        move_call = _call_mover(origin_call, call, move)
+        chain = self._chain_of(node, nodes)
+        for inlined in nodes:
+            meta = inlined.metadata_props
+            if inlined.op_identifier() in self._functions:  # a nested call: its own labels
+                if META_PATH in meta:
+                    meta[META_PATH] = move(meta[META_PATH])
+                if META_CALL in meta:
+                    meta[META_CALL] = move_call(meta[META_CALL])
+                self._chains[inlined] = [*chain, (meta.get(META_PATH, ""),
+                                                  meta.get(META_TYPE, ""))]
+            else:
+                _retrace(meta, chain, origin_path, move)
+        return nodes, values
