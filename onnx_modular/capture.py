@@ -23,7 +23,7 @@ def capture(model: Any, args: Any = (), kwargs: dict[str, Any] | None = None,
         return model
     if not isinstance(model, torch.nn.Module):
         raise ctx.error(rules.UNSUPPORTED_INPUT, reason=(
-            f"export() takes an nn.Module or an ExportedProgram, got {type(model).__name__}"))
+            f"the model must be an nn.Module or an ExportedProgram, got {type(model).__name__}"))
     if not isinstance(args, tuple):
         args = tuple(args) if isinstance(args, list) else (args,)
     try:

@@ -8,9 +8,7 @@ reads, shared with pipeline stages); ``save_single`` writes one model of region 
 
 from __future__ import annotations
 
-import logging
 import os
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,13 +17,14 @@ import onnx_ir as ir
 import torch
 
 from onnx_modular._io import atomic_write_bytes
+from onnx_modular.capture import capture
 from onnx_modular.diagnostics import (
     Diagnostic,
     DiagnosticContext,
     Level,
-    OnnxModularError,
     rules,
 )
+from onnx_modular.emit.translate import MIN_HIERARCHICAL_OPSET, Translation, translate
 from onnx_modular.manifest import build_manifest, save_parts
 from onnx_modular.operator_support import SupportContext, fx_to_onnx_nodes, resolve_support
 from onnx_modular.passes.split import Region, SplitPass, SplitPlan, print_preview
@@ -35,82 +34,25 @@ from onnx_modular.region_models import RegionGraph, partition, region_chains, si
 
 def capture_program(model: Any, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None,
                     ctx: DiagnosticContext | None = None) -> torch.export.ExportedProgram:
-    """``torch.export`` (non-strict) of a module; an ExportedProgram passes through."""
-    ctx = ctx or DiagnosticContext()
-    if isinstance(model, torch.export.ExportedProgram):
-        return model
-    if not isinstance(model, torch.nn.Module):
-        raise ctx.error(rules.BAD_INPUT, reason=(
-            f"model must be a torch.nn.Module or an ExportedProgram, got {type(model).__name__}"))
+    """The shared capture step; a list of example inputs is taken as the tuple it means."""
     args = tuple(args) if isinstance(args, (list, tuple)) else (args,)
-    try:
-        from onnx_modular.capture import capture  # the shared capture step, where present
-    except ImportError:
-        capture = None
-    try:
-        if capture is not None:
-            return capture(model, args, kwargs)
-        return torch.export.export(model, args, kwargs=kwargs or {}, strict=False)
-    except OnnxModularError:
-        raise
-    except Exception as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ctx.error(rules.EXPORT_FAILED, reason=(
-            f"torch.export failed for {type(model).__name__}: {first}")) from e
+    return capture(model, args, kwargs, ctx=ctx)
 
 
 def translate_program(program: torch.export.ExportedProgram, opset: int | None = None,
-                      ctx: DiagnosticContext | None = None) -> Any:
-    """``torch.onnx.export(program, dynamo=True, optimize=False)``, quietly.
+                      ctx: DiagnosticContext | None = None) -> Translation:
+    """The shared translation step (hook-free, unoptimized: every ONNX node names its FX node).
 
-    Through the exporter entry point ``emit.translate`` captured at import, so that an active
-    ``om.hook()`` (which makes ``torch.onnx.export`` return outlined, optimized models whose
-    nodes no longer map one-to-one onto FX nodes) cannot change what the split cuts.
+    Below opset 18 torch.onnx converts the model down and drops each node's FX origin, so
+    every ONNX node would land in the first region, unsupported ones included: refused.
     """
-    from onnx_modular.emit.translate import MIN_HIERARCHICAL_OPSET, _torch_onnx, quiet_torch_onnx
-
     ctx = ctx or DiagnosticContext()
     if opset is not None and opset < MIN_HIERARCHICAL_OPSET:
-        # torch.onnx would convert the model down and drop each node's FX origin, so every
-        # ONNX node would land in the first region, unsupported ones included.
         raise ctx.error(rules.BAD_INPUT, reason=(
             f"opset {opset} cannot be split: below opset {MIN_HIERARCHICAL_OPSET} torch.onnx "
             "drops the FX node each ONNX node comes from; use opset "
             f">= {MIN_HIERARCHICAL_OPSET}"))
-    registration = logging.getLogger("torch.onnx._internal.exporter._registration")
-    level = registration.level
-    registration.setLevel(logging.ERROR)  # "torchvision is not installed" noise
-    try:
-        with quiet_torch_onnx():
-            return _torch_onnx(program, opset)
-    except Exception as e:
-        raise ctx.error(rules.TRANSLATION, reason=(
-            f"translation to ONNX failed{_translation_failure(e)}")) from e
-    finally:
-        registration.setLevel(level)
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_FX_NODE = re.compile(r"(?:Error when translating node|While executing) %([\w.]+)")
-
-
-def _translation_failure(error: BaseException) -> str:
-    """`` at FX node 'x': <root cause>``, from the exception chain.
-
-    torch.onnx wraps the real failure in generic "step N/3" errors whose first line names
-    neither the node nor the reason; the wrapped errors name both.
-    """
-    chain: list[BaseException] = []
-    current: BaseException | None = error
-    while current is not None and current not in chain:
-        chain.append(current)
-        current = current.__cause__ or current.__context__
-    texts = [_ANSI.sub("", str(e)).strip() for e in chain]
-    node = next((m.group(1) for t in texts if (m := _FX_NODE.search(t))), None)
-    root, text = chain[-1], texts[-1]
-    first = next((line for line in text.splitlines() if line.strip()), "")
-    reason = f"{type(root).__name__}: {first}" if first else type(root).__name__
-    return f" at FX node '{node}': {reason}" if node else f": {reason}"
+    return translate(program, opset=opset, ctx=ctx)
 
 
 # ---- the result ------------------------------------------------------------------------------
@@ -217,15 +159,15 @@ def split(model: Any, args: Sequence[Any] = (), *, support: Any, min_acc_module_
     ctx = ctx or DiagnosticContext()
     op_support = resolve_support(support)
     program = capture_program(model, args, kwargs, ctx)
-    onnx_program = translate_program(program, opset, ctx)
-    decomposed = onnx_program.exported_program
+    translation = translate_program(program, opset, ctx)
+    decomposed = translation.program
     source = decomposed.module()
-    context = SupportContext(fx_to_onnx_nodes(onnx_program.model),
-                             dict(onnx_program.model.opset_imports))
+    context = SupportContext(fx_to_onnx_nodes(translation.model),
+                             dict(translation.model.opset_imports))
     split_pass = SplitPass(op_support, context=context, min_acc_module_size=min_acc_module_size,
                            max_acc_splits=max_acc_splits, allow_non_tensor=allow_non_tensor,
                            skip_fusion=skip_fusion)
     result = split_pass(source, ctx)
     assert split_pass.plan is not None
-    return SplitResult(split_pass.plan, result.graph_module, onnx_program.model, source,
+    return SplitResult(split_pass.plan, result.graph_module, translation.model, source,
                        decomposed, ctx.diagnostics, hierarchical)

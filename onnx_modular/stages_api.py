@@ -144,8 +144,8 @@ def split_stages(model: Any, args: Sequence[Any] | None = None,
     return _build(program, assignment, ctx, opset, hierarchical)
 
 
-def split_by(model_or_program: Any, callback: Callable[[torch.fx.Node], int], *,
-             args: Sequence[Any] | None = None, kwargs: dict[str, Any] | None = None,
+def split_by(model_or_program: Any, callback: Callable[[torch.fx.Node], int],
+             args: Sequence[Any] | None = None, kwargs: dict[str, Any] | None = None, *,
              opset: int | None = None, hierarchical: bool = True,
              ctx: DiagnosticContext | None = None) -> StagesResult:
     """Stages from ``callback(node) -> partition id`` over the captured program's nodes.
@@ -163,8 +163,8 @@ def split_by(model_or_program: Any, callback: Callable[[torch.fx.Node], int], *,
 def _build(program: torch.export.ExportedProgram, assignment: stage_pass.StageAssignment,
            ctx: DiagnosticContext, opset: int | None, hierarchical: bool) -> StagesResult:
     """Translate once, carry stages to the decomposed nodes, and describe each stage."""
-    onnx_program = translate_program(stage_pass.without_markers(program), opset, ctx)
-    decomposed = onnx_program.exported_program
+    translation = translate_program(stage_pass.without_markers(program), opset, ctx)
+    decomposed = translation.program
     carried = stage_pass.decomposed_assignment(assignment, decomposed)
     source = decomposed.module()
     stage_of = _stage_of_module_nodes(source, carried.stage_of)
@@ -183,7 +183,7 @@ def _build(program: torch.export.ExportedProgram, assignment: stage_pass.StageAs
             f"{stage.name}: {len(stage.node_names)} node(s), {len(stage.inputs)} input(s) "
             f"({stage.input_bytes} bytes), {len(stage.outputs)} output(s) "
             f"({stage.output_bytes} bytes)"))
-    return StagesResult(plan, build_split_module(source, plan), onnx_program.model, source,
+    return StagesResult(plan, build_split_module(source, plan), translation.model, source,
                         decomposed, ctx.diagnostics, hierarchical, how=assignment.how)
 
 

@@ -385,4 +385,4 @@ def test_translation_failure_names_node_and_cause() -> None:
         om.split(Mystery(), (torch.randn(2, 4),), support={"deny": DENY})
     message = str(info.value)
     assert "\x1b" not in message and "\n" not in message
-    assert "at FX node 'mystery'" in message and "No ONNX function found" in message
+    assert "node 'mystery'" in message and "No ONNX function found" in message

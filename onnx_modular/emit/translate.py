@@ -96,7 +96,9 @@ def _torch_onnx(program: torch.export.ExportedProgram, opset: int | None) -> Any
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_FAILED_NODE = re.compile(r"Error when translating node %(\w+) : .*?target=([\w.:]+)")
+# Translation names the node it failed on; decomposition (FX interpreter) names the node too.
+_FAILED_NODE = re.compile(
+    r"(?:Error when translating node|While executing) %(\w+) : .*?target=([\w.:]+)")
 
 
 def _failure(error: BaseException, program: torch.export.ExportedProgram) -> tuple[str, Location]:
