@@ -155,7 +155,7 @@ def emit(model: ir.Model, program: torch.export.ExportedProgram, *, functions: A
     gm: torch.fx.GraphModule | None = None
     report = None
     if optimize_model:
-        fold_weights(model)
+        fold_weights(model, _weight_names(program))
     if optimize_model or not flat:
         gm = modularize(program, ctx)
         with ctx.scope("Outline"):
@@ -184,6 +184,12 @@ def emit(model: ir.Model, program: torch.export.ExportedProgram, *, functions: A
                 model.opset_imports.pop(domain, None)
         gm = None
     return ExportResult(model, ctx.diagnostics, program, gm, report)
+
+
+def _weight_names(program: torch.export.ExportedProgram) -> set[str]:
+    """Initializer names of the model's parameters, buffers and lifted constants."""
+    return {spec.target for spec in program.graph_signature.input_specs
+            if spec.target is not None}
 
 
 def _selector(functions: Any, ctx: DiagnosticContext) -> Any:

@@ -223,6 +223,15 @@ def test_transformers(name: str, layer: str) -> None:
     np.testing.assert_allclose(got, _run(flat, *args)[0], atol=1e-6)
     inlined = onnx.inliner.inline_local_functions(proto)
     assert _non_constant(inlined.graph.node) <= 1.1 * _non_constant(flat.graph.node)
+    # Shapes, axes and scalars stay inside the bodies: an initializer a call is given is a
+    # weight of the model or a folded tensor (a mask, rotary tables), never a Reshape target.
+    weights = {name for name, _ in model.named_parameters()} | {
+        name for name, _ in model.named_buffers()}
+    sizes = {i.name: int(np.prod(i.dims)) for i in proto.graph.initializer}
+    nodes = list(proto.graph.node) + [n for f in proto.functions for n in f.node]
+    fed = {name for n in nodes if n.op_type in calls for name in n.input} & sizes.keys()
+    assert fed & weights
+    assert not {n: sizes[n] for n in fed - weights if sizes[n] <= 16}
 
 
 def test_dynamic_batch_and_opset() -> None:

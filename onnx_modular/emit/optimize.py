@@ -30,10 +30,43 @@ def _quiet_folding() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def fold_weights(model: ir.Model) -> None:
-    """Constant-fold the flat graph (no shape inference: it is only about constant inputs)."""
+#: Folded values up to this many elements (shapes, axes, scalars) go back into the bodies.
+SMALL_CONSTANT = 16
+
+
+def fold_weights(model: ir.Model, weights: set[str] | frozenset[str] = frozenset()) -> None:
+    """Constant-fold the flat graph (no shape inference: it is only about constant inputs).
+
+    The folder writes every result as an initializer, small ones too: the target shape of
+    each Reshape, axes, scalars. Outlined, those would enter every layer function as inputs,
+    and a body would no longer say its own shapes; so results of up to ``SMALL_CONSTANT``
+    elements that are not model ``weights`` (by initializer name) become Constant nodes
+    again, which the outliner copies into each call that uses them.
+    """
     with _quiet_folding():
         _fold_weights(model)
+    _small_initializers_to_constants(model.graph, weights)
+
+
+def _small_initializers_to_constants(graph: ir.Graph, weights: set[str] | frozenset[str]
+                                     ) -> None:
+    keep = set(graph.inputs) | set(graph.outputs)
+    first = next(iter(graph), None)
+    for name, value in list(graph.initializers.items()):
+        tensor = value.const_value
+        if (name in weights or value in keep or tensor is None or tensor.size > SMALL_CONSTANT
+                or not value.uses()):
+            continue
+        constant = ir.node("Constant", [], attributes={"value": tensor}, name=f"{name}_const")
+        constant.outputs[0].name = name
+        constant.outputs[0].type, constant.outputs[0].shape = value.type, value.shape
+        for use in list(value.uses()):
+            use.node.replace_input_with(use.idx, constant.outputs[0])
+        del graph.initializers[name]
+        if first is None:
+            graph.append(constant)
+        else:
+            graph.insert_before(first, constant)
 
 
 def _fold_weights(model: ir.Model) -> None:
