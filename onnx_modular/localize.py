@@ -36,12 +36,7 @@ from onnx_ir.passes.common.inliner import InlinePass
 
 from onnx_modular import _ort, _wire
 from onnx_modular.emit.inline import RebasingInlinePass
-
-META_PATH = "onnx_modular.module_path"
-META_TYPE = "onnx_modular.module_type"
-META_CALL = "onnx_modular.call_id"
-META_SCOPES = "pkg.torch.onnx.name_scopes"
-META_CLASSES = "pkg.torch.onnx.class_hierarchy"
+from onnx_modular.emit.metadata import CLASS_HIERARCHY, META_CALL, META_PATH, META_TYPE, NAME_SCOPES
 
 _CALL_SUFFIX = re.compile(r"@(\d+)$")
 
@@ -204,11 +199,11 @@ _QUOTED = re.compile(r"'((?:[^'\\]|\\.)*)'")
 def _scopes(node: onnx.NodeProto) -> tuple[list[str], list[str]] | None:
     """(module paths, class names) of a torch.onnx node, root and the node itself dropped."""
     meta = {p.key: p.value for p in node.metadata_props}
-    scopes = meta.get(META_SCOPES)
+    scopes = meta.get(NAME_SCOPES)
     if scopes is None:
         return None
     paths = _QUOTED.findall(scopes)[1:-1]
-    classes = _QUOTED.findall(meta.get(META_CLASSES, ""))[1:]
+    classes = _QUOTED.findall(meta.get(CLASS_HIERARCHY, ""))[1:]
     return paths, classes
 
 

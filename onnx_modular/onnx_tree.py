@@ -11,9 +11,8 @@ import onnx
 from rich.table import Table
 from rich.tree import Tree
 
+from onnx_modular.emit.metadata import META_PATH
 from onnx_modular.loading import user_error
-
-MODULE_PATH_KEY = "onnx_modular.module_path"
 
 
 def load_onnx(path: str | os.PathLike[str], load_external_data: bool = True) -> onnx.ModelProto:
@@ -64,7 +63,7 @@ def call_tree(model: onnx.ModelProto, max_children: int = 64) -> Tree:
 
     def label(node: onnx.NodeProto) -> str:
         meta = {p.key: p.value for p in node.metadata_props}
-        return meta.get(MODULE_PATH_KEY, node.name)
+        return meta.get(META_PATH, node.name)
 
     def add(parent: Tree, nodes: list[onnx.NodeProto], depth: int) -> None:
         calls = [(node, functions[(node.domain, node.op_type)]) for node in nodes

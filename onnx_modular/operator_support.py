@@ -24,6 +24,7 @@ import torch
 import torch.fx
 
 from onnx_modular.diagnostics import DiagnosticContext, OnnxModularError, rules
+from onnx_modular.emit.metadata import fx_name
 
 #: FX ops that compute something; placeholders, get_attr and output never run on a device.
 CALLABLE_OPS = frozenset({"call_function", "call_method", "call_module"})
@@ -490,9 +491,4 @@ def fx_to_onnx_nodes(model: Any) -> dict[str, list[Any]]:
     return result
 
 
-def fx_name_of(node: Any) -> str | None:
-    """The FX node name an ONNX node was translated from, or ``None`` without metadata."""
-    text = node.metadata_props.get("pkg.torch.onnx.fx_node")
-    if not text or not text.startswith("%"):
-        return None
-    return text[1:].split(" ", 1)[0]
+fx_name_of = fx_name  # the name split's modules and tests use

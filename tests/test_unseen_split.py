@@ -22,6 +22,7 @@ import onnxruntime as ort
 import pytest
 import torch
 import torch.utils._pytree as pytree
+from test_stages import used_weight_bytes
 from torch import nn
 
 import onnx_modular as om
@@ -245,19 +246,6 @@ STAGE_CASES = {
     "deberta_v2": (deberta_v2, {"model.encoder.layer.1": "beginning"}, 2),
     "convnet": (convnet, {"blocks.1": "beginning", "head": "beginning"}, 3),
 }
-
-
-def used_weight_bytes(program: torch.export.ExportedProgram) -> int:
-    """Parameters, buffers and lifted constants the program reads, each once."""
-    used = {n.name for n in program.graph.nodes if n.op == "placeholder" and n.users}
-    total = 0
-    for spec in program.graph_signature.input_specs:
-        if spec.target is None or spec.arg.name not in used:
-            continue
-        t = program.state_dict.get(spec.target, program.constants.get(spec.target))
-        if isinstance(t, torch.Tensor):
-            total += t.numel() * t.element_size()
-    return total
 
 
 @pytest.mark.parametrize("arch", list(STAGE_CASES))

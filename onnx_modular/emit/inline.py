@@ -16,15 +16,16 @@ from collections.abc import Callable
 import onnx_ir as ir
 from onnx_ir.passes.common.inliner import InlinePass
 
-META_PATH = "onnx_modular.module_path"
-META_CALL = "onnx_modular.call_id"
-META_TYPE = "onnx_modular.module_type"
-# On a function: the module call its body was built from.
-ORIGIN_PATH = "onnx_modular.origin_path"
-ORIGIN_CALL = "onnx_modular.origin_call_id"
-NAME_SCOPES = "pkg.torch.onnx.name_scopes"
-CLASS_HIERARCHY = "pkg.torch.onnx.class_hierarchy"
-NAMESPACE = "namespace"
+from onnx_modular.emit.metadata import (
+    CLASS_HIERARCHY,
+    META_CALL,
+    META_PATH,
+    META_TYPE,
+    NAME_SCOPES,
+    NAMESPACE,
+    ORIGIN_CALL,
+    ORIGIN_PATH,
+)
 
 _CALL_SUFFIX = re.compile(r"(?:[@#]\d+)*$")
 _QUOTED = re.compile(r"'([^']*)'")

@@ -21,13 +21,9 @@ import onnx_ir as ir
 from onnx_modular._util import common_prefix
 from onnx_modular.emit.canonical import graph_key
 from onnx_modular.emit.inline import record_origin
-from onnx_modular.emit.translate import fx_name
+from onnx_modular.emit.metadata import META_CALL, META_FX_OUTPUTS, META_PATH, META_TYPE, fx_name
 from onnx_modular.passes.modularize import CallInfo
 
-META_PATH = "onnx_modular.module_path"
-META_TYPE = "onnx_modular.module_type"
-META_CALL = "onnx_modular.call_id"
-META_FX_OUTPUTS = "onnx_modular.fx_outputs"
 DEFAULT_DOMAIN = "onnx_modular"
 
 Select = Callable[[CallInfo], bool]

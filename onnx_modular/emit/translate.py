@@ -24,8 +24,8 @@ import onnx_ir as ir
 import torch
 
 from onnx_modular.diagnostics import DiagnosticContext, Location, rules
+from onnx_modular.emit.metadata import STACK_TRACE
 
-FX_NODE_KEY = "pkg.torch.onnx.fx_node"
 # torchlib's opset: below it torch.onnx converts the model down, dropping node metadata.
 MIN_HIERARCHICAL_OPSET = 18
 
@@ -34,14 +34,6 @@ MIN_HIERARCHICAL_OPSET = 18
 class Translation:
     model: ir.Model
     program: torch.export.ExportedProgram  # the decomposed program the model came from
-
-
-def fx_name(node: ir.Node) -> str | None:
-    """The FX node name an ONNX node was translated from (``%name : ...``)."""
-    text = node.metadata_props.get(FX_NODE_KEY)
-    if not text or not text.startswith("%"):
-        return None
-    return text[1:].split(" ", 1)[0]
 
 
 @contextlib.contextmanager
@@ -156,7 +148,6 @@ def translate(program: torch.export.ExportedProgram, *, opset: int | None = None
 
 
 _GENERATED_FILE = re.compile(r"<eval_with_key>\.\d+")
-STACK_TRACE_KEY = "pkg.torch.onnx.stack_trace"
 
 
 def _stable_stack_traces(model: ir.Model) -> None:
@@ -164,6 +155,6 @@ def _stable_stack_traces(model: ir.Model) -> None:
     name ``<eval_with_key>.N``, N counting FX compilations in this process: without the
     number the same export gives the same bytes (invariant 6)."""
     for node in model.graph.all_nodes():
-        trace = node.metadata_props.get(STACK_TRACE_KEY)
+        trace = node.metadata_props.get(STACK_TRACE)
         if trace and "<eval_with_key>." in trace:
-            node.metadata_props[STACK_TRACE_KEY] = _GENERATED_FILE.sub("<eval_with_key>", trace)
+            node.metadata_props[STACK_TRACE] = _GENERATED_FILE.sub("<eval_with_key>", trace)
