@@ -98,8 +98,8 @@ class RebasingInlinePass(InlinePass):
     torch.onnx's scope lists are moved here.
     """
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, criteria: Callable[[ir.Function], bool] | None = None) -> None:
+        super().__init__(criteria)
         self._chains: dict[ir.Node, list[Frame]] = {}  # call node -> its calls, root first
 
     def _chain_of(self, node: ir.Node, inlined: list[ir.Node]) -> list[Frame]:
