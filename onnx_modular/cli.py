@@ -65,15 +65,49 @@ def _add_model_inputs(p: argparse.ArgumentParser) -> None:
 
 
 def _providers(text: str | None) -> list[str] | None:
-    return [p.strip() for p in text.split(",") if p.strip()] if text else None
+    """``--providers cpu,cuda`` -> full EP names, checked now: an EP this onnxruntime lacks
+    fails before the export, not after it."""
+    if not text:
+        return None
+    from onnx_modular._ort import resolve_providers
+
+    return resolve_providers([p.strip() for p in text.split(",") if p.strip()])
+
+
+_REPORT_SUFFIXES = (".json", ".md", ".markdown", ".html", ".htm")
+
+
+def _check_report(path: str) -> None:
+    """A report name the report cannot be saved under fails before the long work."""
+    from onnx_modular.loading import user_error
+
+    _check_writable(path)
+    if Path(path).suffix.lower() not in _REPORT_SUFFIXES:
+        raise user_error(f"cannot write report '{path}': use a .json, .md or .html file name")
+
+
+def _print_warnings(diagnostics: Sequence[Any]) -> None:
+    """Warnings (e.g. ``--functions`` naming no module) go to stderr, one line each: the
+    exit code stays 0, but a selection that matched nothing must not pass silently."""
+    from onnx_modular.diagnostics import Level
+
+    for d in diagnostics:
+        if d.level in (Level.WARNING, Level.ERROR):
+            err.print(f"[yellow]{escape(str(d))}[/yellow]", highlight=False)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="onnx-modular", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="onnx-modular", description=__doc__.splitlines()[0].replace("``", ""))
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    # ``--debug`` is also accepted after the subcommand, where users append it; SUPPRESS
+    # keeps a subcommand without it from resetting the top-level flag to False.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show tracebacks")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    p = sub.add_parser("export", help="export hierarchical (or flat) ONNX")
+    p = sub.add_parser("export", help="export hierarchical (or flat) ONNX",
+                       parents=[common])
     _add_model_inputs(p)
     p.add_argument("-o", "--output", required=True, help="the .onnx file to write")
     p.add_argument("--flat", action="store_true", help="no functions (same as --functions none)")
@@ -86,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", help="for --validate: write the report (.json or .md)")
     p.add_argument("--sarif", help="write the diagnostics as SARIF 2.1.0")
 
-    p = sub.add_parser("split", help="split into accelerator/CPU regions or pipeline stages")
+    p = sub.add_parser("split", help="split into accelerator/CPU regions or pipeline stages",
+                       parents=[common])
     _add_model_inputs(p)
     how = p.add_mutually_exclusive_group(required=True)
     how.add_argument("--acc-ops", metavar="FILE", help="file listing supported aten ops")
@@ -100,7 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preview", action="store_true", help="print the support/region preview")
     p.add_argument("-o", "--output", required=True, help="the directory to write")
 
-    p = sub.add_parser("validate", help="compare torch eager with ONNX Runtime")
+    p = sub.add_parser("validate", help="compare torch eager with ONNX Runtime",
+                       parents=[common])
     _add_model_inputs(p)
     p.add_argument("onnx", metavar="MODEL.onnx")
     p.add_argument("--providers", help="cpu,cuda (default: all available)")
@@ -108,13 +144,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--atol", type=float)
     p.add_argument("--report", help="write the report (.json or .md)")
 
-    p = sub.add_parser("compare", help="structure and numerics of two ONNX models")
+    p = sub.add_parser("compare", help="structure and numerics of two ONNX models",
+                       parents=[common])
     p.add_argument("a", metavar="A.onnx")
     p.add_argument("b", metavar="B.onnx")
     p.add_argument("--inputs", help="package.module:attr or file.py:attr (default: random)")
     p.add_argument("--report", help="write the report (.json or .md)")
 
-    p = sub.add_parser("inspect", help="module/function tree and call counts of an ONNX file")
+    p = sub.add_parser("inspect", help="module/function tree and call counts of an ONNX file",
+                       parents=[common])
     p.add_argument("onnx", metavar="MODEL.onnx")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     return parser
@@ -152,12 +190,18 @@ def _functions(args: argparse.Namespace) -> Any:
 
 def cmd_export(args: argparse.Namespace) -> int:
     import onnx_modular as om
+    from onnx_modular.loading import user_error
     from onnx_modular.onnx_tree import summary
 
+    if not args.validate and (args.report or args.providers):
+        flag = "--report" if args.report else "--providers"
+        raise user_error(f"{flag} applies to the validation: add --validate")
     _check_writable(args.output)
-    for extra in (args.sarif, args.report):
-        if extra:
-            _check_writable(extra)
+    if args.sarif:
+        _check_writable(args.sarif)
+    if args.report:
+        _check_report(args.report)
+    providers = _providers(args.providers)
     model, inputs, kwargs = _load(args)
     start = time.perf_counter()
     with _step("Exporting (capture, translate, outline, optimize)"):
@@ -166,6 +210,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     with _step(f"Writing {args.output}"):
         result.save(args.output)
     elapsed = time.perf_counter() - start
+    _print_warnings(result.diagnostics)
     if args.sarif:
         from onnx_modular.diagnostics import write_sarif
 
@@ -186,8 +231,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from onnx_modular.validate import validate
 
     with _step("Validating against ONNX Runtime"):
-        rep = validate(model, inputs, args.output, kwargs=kwargs,
-                       providers=_providers(args.providers))
+        rep = validate(model, inputs, args.output, kwargs=kwargs, providers=providers)
     return _finish(rep, rep.ok, args.report)
 
 
@@ -221,6 +265,12 @@ def cmd_split(args: argparse.Namespace) -> int:
             parts = om.split(model, inputs, support=support, kwargs=kwargs or None,
                              min_acc_module_size=args.min_acc_size,
                              max_acc_splits=args.max_acc_splits)
+    if args.markers and len(parts.stages) < 2:
+        from onnx_modular.loading import user_error
+
+        raise user_error(f"--markers: {args.model} has no om.pipe_split() marker that cuts "
+                         "its forward(); add om.pipe_split() calls or use --split-points")
+    _print_warnings(getattr(parts, "diagnostics", ()))
     if args.preview and hasattr(parts, "preview"):
         parts.preview(console=out)
     with _step(f"Writing {args.output}"):
@@ -248,12 +298,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from onnx_modular.validate import validate
 
     if args.report:
-        _check_writable(args.report)
+        _check_report(args.report)
+    providers = _providers(args.providers)
     loaded = load_model(args.onnx)  # a corrupt file fails here, before the model is built
     model, inputs, kwargs = _load(args)
     with _step("Validating against ONNX Runtime"):
         rep = validate(model, inputs, loaded, kwargs=kwargs,
-                       providers=_providers(args.providers), rtol=args.rtol, atol=args.atol)
+                       providers=providers, rtol=args.rtol, atol=args.atol)
     return _finish(rep, rep.ok, args.report)
 
 
@@ -261,7 +312,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from onnx_modular.compare import compare
 
     if args.report:
-        _check_writable(args.report)
+        _check_report(args.report)
     inputs = None
     if args.inputs:
         from onnx_modular.loading import load_inputs

@@ -221,6 +221,9 @@ def hook(functions: Any = "all", dedupe: bool = True) -> Iterator[None]:
     """
     from torch.onnx._internal.exporter import _core
 
+    # A bad selection fails here, at the ``with``, not inside torch.onnx.export after
+    # seconds of capture and translation (where torch would wrap it in its own report).
+    _selector(functions, DiagnosticContext())
     with _hook_lock:
         if not _hook_settings:
             original = _core.export

@@ -7,6 +7,7 @@ or ``(args, kwargs)``. ``--input 1x8:int64`` builds random inputs instead.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -48,20 +49,35 @@ def _import_file(path: str) -> Any:
     file = Path(path)
     if not file.is_file():
         raise user_error(f"no such file: '{path}'")
+    resolved = file.resolve()
+    stamp = (str(resolved), resolved.stat().st_mtime_ns)
     name = f"_onnx_modular_user_{file.stem}"
-    spec = importlib.util.spec_from_file_location(name, file)
+    # MODEL and INPUTS from one (unchanged) file import it once, so a model built at import
+    # time is not built twice; another file with the same stem gets its own name instead of
+    # replacing the first in sys.modules.
+    suffix = 0
+    while (loaded := sys.modules.get(name)) is not None:
+        if getattr(loaded, "__onnx_modular_stamp__", None) == stamp:
+            return loaded
+        suffix += 1
+        name = f"_onnx_modular_user_{file.stem}_{suffix}"
+    spec = importlib.util.spec_from_file_location(name, resolved)
     if spec is None or spec.loader is None:
         raise user_error(f"cannot import '{path}' as a Python file")
     module = importlib.util.module_from_spec(spec)
+    module.__onnx_modular_stamp__ = stamp  # type: ignore[attr-defined]
     sys.modules[name] = module
-    sys.path.insert(0, str(file.parent.resolve()))
+    entry = str(resolved.parent)
+    sys.path.insert(0, entry)
     try:
         spec.loader.exec_module(module)
     except Exception as e:
         sys.modules.pop(name, None)
         raise user_error(f"cannot import '{path}': {type(e).__name__}: {e}") from e
     finally:
-        sys.path.pop(0)
+        # remove our entry, not whatever is first now: the file may have edited sys.path
+        with contextlib.suppress(ValueError):
+            sys.path.remove(entry)
     return module
 
 

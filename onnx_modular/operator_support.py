@@ -108,6 +108,10 @@ def _check_op_name(name: str) -> None:
 def _name_set(names: Iterable[str]) -> frozenset[str]:
     if isinstance(names, str):
         names = [names]
+    if not isinstance(names, Iterable):
+        # e.g. ``{"allow": 3}`` read from an --acc-ops JSON file: say so, no TypeError
+        raise _fail(f"expected a list of op names such as ['aten.gelu'], got "
+                    f"{type(names).__name__} {names!r}")
     result = set()
     for raw in names:
         if not isinstance(raw, str):
