@@ -21,6 +21,9 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
     os.close(fd)
     tmp_path = Path(tmp)
+    # mkstemp makes the file private (0600); the result should read like any file the user
+    # writes (0644 under the usual umask), as torch.onnx's own files do.
+    os.chmod(tmp_path, 0o666 & ~_umask())
     try:
         yield tmp_path
         os.replace(tmp_path, target)
@@ -28,6 +31,12 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:

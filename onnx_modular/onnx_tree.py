@@ -18,6 +18,8 @@ from onnx_modular.loading import user_error
 def load_onnx(path: str | os.PathLike[str], load_external_data: bool = True) -> onnx.ModelProto:
     """Load with a one-line error for a missing, unreadable or corrupt file."""
     file = Path(path)
+    if file.is_dir():
+        raise user_error(f"'{file}' is a directory, not an ONNX file")
     if not file.is_file():
         raise user_error(f"no such ONNX file: '{file}'")
     try:

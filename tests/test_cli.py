@@ -81,8 +81,10 @@ def test_inspect_missing_and_corrupt_files(tmp_path, capsys) -> None:
     corrupt = tmp_path / "corrupt.onnx"
     corrupt.write_bytes(b"\x08\x07garbage that is not protobuf\xff\xff")
     assert main(["inspect", str(corrupt)]) == 2
+    assert main(["inspect", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "no such ONNX file" in err and "not a readable ONNX model" in err
+    assert "is a directory" in err
 
 
 def test_usage_errors_exit_2(capsys) -> None:

@@ -251,6 +251,10 @@ def test_exported_program_input_and_external_data(tmp_path) -> None:
     result.save(path, external_data_threshold=100)  # lowered from 2 GB
     assert (tmp_path / "m.onnx.data").stat().st_size > 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data"]
+    umask = os.umask(0)
+    os.umask(umask)
+    for name in ("m.onnx", "m.onnx.data"):  # as readable as any file the user writes
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o666 & ~umask
     loaded = onnx.load(str(path))
     np.testing.assert_allclose(_run(loaded, *args)[0], model(*args).detach().numpy(),
                                atol=1e-5)
