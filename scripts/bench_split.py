@@ -6,7 +6,9 @@ that makes regions alternate in every layer, prints the planning times side by s
 fusion groups, grouping), their ratio, the regions each found, and the whole pass (planning
 and building the split GraphModule) with its time per node: the spread of time per node shows
 the pass stays near-linear. The ``_guards_fn`` call of ``ExportedProgram.module()`` is removed
-first (torch's splitter makes it a region of its own).
+first (torch's splitter makes it a region of its own). A last table times the planning of a
+worst case for fusion groups (each int read again two steps later, so every group's closure
+reaches the next) at 1k to 8k nodes.
 Usage: python scripts/bench_split.py [--layers 12 48 96] [--repeat 3]
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import operator
 import sys
 import time
 from pathlib import Path
@@ -70,6 +73,27 @@ def theirs(gm: torch.fx.GraphModule, x: torch.Tensor) -> int:
     return len(splitter.put_nodes_into_subgraphs())
 
 
+def chained_groups(k: int) -> torch.fx.GraphModule:
+    """k blocks of size -> mul -> relu; each size is read again two blocks later."""
+    g = torch.fx.Graph()
+    t = g.placeholder("x")
+    t.meta["val"] = torch.empty(4)
+    pending: list[torch.fx.Node] = []
+    for _ in range(k):
+        size = g.call_method("size", (t, 0))
+        size.meta["val"] = 4
+        u = g.call_function(operator.mul, (t, size))
+        u.meta["val"] = torch.empty(4)
+        pending.append(size)
+        if len(pending) > 2:
+            u = g.call_function(operator.mul, (u, pending.pop(0)))
+            u.meta["val"] = torch.empty(4)
+        t = g.call_function(torch.relu, (u,))
+        t.meta["val"] = torch.empty(4)
+    g.output(t)
+    return torch.fx.GraphModule(torch.nn.Module(), g)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--layers", type=int, nargs="+", default=[12, 48, 96])
@@ -93,6 +117,16 @@ def main() -> None:
               f"{regions:>8} {fx_regions:>10} {pass_s:>7.3f} {per_node[-1]:>8.1f}", flush=True)
     if len(per_node) > 1:
         print(f"time per node, max/min: {max(per_node) / min(per_node):.2f}x")
+    print(f"\n{'chained int groups':<20} {'nodes':>6} {'plan s':>8} {'us/node':>8}")
+    chained = []
+    for k in (250, 500, 1000, 2000):
+        gm = chained_groups(k)
+        nodes = len(gm.graph.nodes)
+        plan_s, _ = best_of(lambda gm=gm: len(plan_split(gm, OperatorSupport.everything())
+                                              .regions), opts.repeat)
+        chained.append(plan_s / nodes * 1e6)
+        print(f"{'':<20} {nodes:>6} {plan_s:>8.3f} {chained[-1]:>8.1f}", flush=True)
+    print(f"time per node, max/min: {max(chained) / min(chained):.2f}x")
 
 
 if __name__ == "__main__":

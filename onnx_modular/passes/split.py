@@ -4,10 +4,15 @@ Behaviour follows torch.fx's ``splitter_base`` (acc nodes that exchange non-tens
 CPU nodes fall back to CPU unless ``allow_non_tensor``; nodes linked by non-tensor values form
 fusion groups that stay in one region unless ``skip_fusion``; regions grow greedily in
 dependency order, alternating kinds; acc regions below ``min_acc_module_size`` nodes merge into
-CPU; ``max_acc_splits`` caps the number of regions). The algorithms are written for size:
-one worklist for the non-tensor fallback, union-find for fusion groups, Kahn's algorithm with a
-heap per kind for the grouping, so the pass is O(n log n) in nodes and edges (the convex
-closure of a fusion group walks only the span between its first and last member).
+CPU; ``max_acc_splits`` caps the number of regions, acc and CPU alike, as splitter_base counts
+them). Deliberate differences: a node making several tensors (``native_layer_norm``, ``max.dim``,
+``split``) counts as non-tensor for fusion too, so with ``allow_non_tensor`` an acc producer still
+keeps its getitems (splitter_base reads ``tensor_meta`` there, which ShapeProp sets for tuples);
+fusion groups that feed each other merge where splitter_base fails; the limit error names the
+counts. The algorithms are written for size:
+one worklist for the non-tensor fallback, union-find for fusion groups and Tarjan's strongly
+connected components for their closure, Kahn's algorithm with a heap per kind for the grouping,
+so the pass is O(n log n) in nodes and edges.
 
 The result is a GraphModule whose top graph calls one sub-GraphModule per region
 (``_run_on_acc_0``, ``_run_on_cpu_1``, ...); the plan (:class:`SplitPlan`) rides along in
@@ -75,13 +80,21 @@ class SplitPlan:
 
 
 def is_tensor_node(node: torch.fx.Node) -> bool:
-    """Does the node make one tensor? Read from ``val`` (export) or ``tensor_meta`` (ShapeProp);
-    a node with neither (a hand-traced graph) counts as a tensor."""
+    """Does the node make one tensor? Read from ``val`` (export), else ``type`` / ``tensor_meta``
+    (ShapeProp: an int result has a ``type`` but no ``tensor_meta``, so ``type`` decides, as
+    splitter_base's ``is_node_output_tensor`` does), else the op schema (an op that returns
+    nothing, like ``_assert_tensor_metadata``, has no ``val``); a node with none of these (a
+    hand-traced graph) counts as a tensor."""
     if "val" in node.meta:
         return isinstance(node.meta["val"], torch.Tensor)
+    kind = node.meta.get("type")
+    if isinstance(kind, type):
+        return issubclass(kind, torch.Tensor)
     if "tensor_meta" in node.meta:
         meta = node.meta["tensor_meta"]
         return meta is not None and not isinstance(meta, (list, tuple, dict))
+    if isinstance(node.target, torch._ops.OpOverload) and not node.target._schema.returns:
+        return False
     return node.op != "output"
 
 
@@ -152,57 +165,115 @@ def _non_tensor_fallback(callables: list[torch.fx.Node], acc: set[torch.fx.Node]
                 work.append(a)
 
 
-def _fusion_groups(callables: list[torch.fx.Node], index: dict[torch.fx.Node, int]
-                   ) -> list[list[torch.fx.Node]]:
-    """Groups of nodes linked by non-tensor values, closed under paths between members."""
+def _strong_components(adjacency: list[list[int]]) -> list[list[int]]:
+    """Tarjan's algorithm without recursion (graphs of many thousand nodes exceed its limit)."""
+    order = [-1] * len(adjacency)
+    low = [0] * len(adjacency)
+    on_stack = [False] * len(adjacency)
+    stack: list[int] = []
+    result: list[list[int]] = []
+    counter = 0
+    for start in range(len(adjacency)):
+        if order[start] != -1:
+            continue
+        order[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack[start] = True
+        work = [(start, 0)]
+        while work:
+            v, i = work[-1]
+            if i < len(adjacency[v]):
+                work[-1] = (v, i + 1)
+                w = adjacency[v][i]
+                if order[w] == -1:
+                    order[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on_stack[w] = True
+                    work.append((w, 0))
+                elif on_stack[w]:
+                    low[v] = min(low[v], order[w])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[v])
+            if low[v] == order[v]:
+                component = []
+                while True:
+                    w = stack.pop()
+                    on_stack[w] = False
+                    component.append(w)
+                    if w == v:
+                        break
+                result.append(component)
+    return result
+
+
+def _fusion_groups(callables: list[torch.fx.Node], index: dict[torch.fx.Node, int],
+                   acc: set[torch.fx.Node]) -> list[list[torch.fx.Node]]:
+    """Groups of nodes linked by non-tensor values, closed under paths between members.
+
+    As in splitter_base, a group grows only from an acc node that makes a non-tensor value; a
+    component of non-tensor links with no such node (e.g. CPU ``sym_size`` feeding views all
+    over the graph) is no group, so its closure never drags acc nodes to CPU. The closure is
+    the strongly connected component of the group once contracted to one vertex (the nodes on a
+    path from the group back into it), found for all groups at once in linear time; a component
+    it crosses joins whole, then the closure is taken again. Two groups that feed each other
+    also end up in one strongly connected component and merge (splitter_base deadlocks there:
+    "Subgraph can't be empty")."""
     uf = _UnionFind()
-    callable_set = set(callables)
+    position = {n: i for i, n in enumerate(callables)}
     grouped: set[torch.fx.Node] = set()
     for n in callables:
         if not is_tensor_node(n):
             for u in n.users:
-                if u in callable_set:
+                if u in position:
                     uf.union(n, u)
                     grouped.update((n, u))
     members: dict[torch.fx.Node, set[torch.fx.Node]] = {}
     for n in grouped:
         members.setdefault(uf.find(n), set()).add(n)
+    seeded = {uf.find(n) for n in grouped if n in acc and not is_tensor_node(n)}
 
-    pending = list(members)
-    while pending:
-        root = uf.find(pending.pop())
-        group = members.get(root)
-        if group is None:
-            continue
-        lo, hi = min(index[m] for m in group), max(index[m] for m in group)
-        forward, stack = set(group), list(group)
-        while stack:
-            for u in stack.pop().users:
-                if u not in forward and u in callable_set and index[u] <= hi:
-                    forward.add(u)
-                    stack.append(u)
-        backward, stack = set(group), list(group)
-        while stack:
-            for a in stack.pop().all_input_nodes:
-                if a not in backward and a in callable_set and index[a] >= lo:
-                    backward.add(a)
-                    stack.append(a)
-        extra = (forward & backward) - group
-        if not extra:
-            continue
-        merged = set(group)
-        del members[root]
-        for n in extra:
-            if n in grouped:
-                merged |= members.pop(uf.find(n), set())
-            merged.add(n)
-        for n in merged:
-            uf.union(root, n)
-        grouped |= merged
-        root = uf.find(root)
-        members[root] = merged
-        pending.append(root)
-    return [sorted(g, key=index.__getitem__) for g in members.values()]
+    size = len(callables)
+    users = [[position[u] for u in n.users if u in position] for n in callables]
+    while True:
+        roots = sorted(seeded, key=lambda r: min(index[m] for m in members[r]))
+        adjacency = [list(out) for out in users] + [[] for _ in roots]
+        for hub, root in enumerate(roots, start=size):
+            for m in members[root]:
+                adjacency[position[m]].append(hub)
+                adjacency[hub].append(position[m])
+        grew = False
+        for component in _strong_components(adjacency):
+            hubs = [roots[v - size] for v in component if v >= size]
+            if not hubs or (len(hubs) == 1 and len(component) == 1 + len(members[hubs[0]])):
+                continue  # no group, or one group that is closed already
+            merged: set[torch.fx.Node] = set()
+            for root in hubs:
+                merged |= members.pop(root)
+                seeded.discard(root)
+            for v in component:
+                node = callables[v] if v < size else None
+                if node is None or node in merged:
+                    continue
+                if node in grouped and uf.find(node) in members:  # an unseeded component
+                    merged |= members.pop(uf.find(node))
+                    grew = True
+                merged.add(node)
+            first = next(iter(merged))
+            for n in merged:
+                uf.union(first, n)
+            grouped |= merged
+            root = uf.find(first)
+            members[root] = merged
+            seeded.add(root)
+        if not grew:
+            break
+    groups = [sorted(members[r], key=index.__getitem__) for r in seeded]
+    return sorted(groups, key=lambda g: index[g[0]])
 
 
 def _group_regions(callables: list[torch.fx.Node], acc: set[torch.fx.Node],
@@ -244,6 +315,10 @@ def _group_regions(callables: list[torch.fx.Node], acc: set[torch.fx.Node],
                 heapq.heappush(ready[is_acc[v_id]], v_id)
     if current:
         regions.append((kind, current))
+    left = [units[i][0].name for i in range(n_units) if indegree[i] > 0]
+    if left:  # a cycle among units would drop these nodes from every region
+        raise PassConditionError(f"every operator in a region ({len(left)} left over, "
+                                 f"first '{left[0]}': fusion groups depend on each other)")
     return regions
 
 
@@ -281,16 +356,18 @@ def plan_split(graph_module: torch.fx.GraphModule, support: OperatorSupport, *,
     if not allow_non_tensor:
         _non_tensor_fallback(callables, acc, fallback)
 
-    groups = [] if skip_fusion else _fusion_groups(callables, index)
+    groups = [] if skip_fusion else _fusion_groups(callables, index, acc)
     unit_of: dict[torch.fx.Node, int] = {}
     grouped: dict[torch.fx.Node, list[torch.fx.Node]] = {}
     for g in groups:
-        if not all(m in acc for m in g):
-            culprit = next(m for m in g if m not in acc)
+        culprit = next((m for m in g if m not in acc), None)
+        if culprit is not None:
+            # splitter_base drops such a group: all its nodes go to CPU, each on its own.
             for m in g:
                 if m in acc:
                     acc.discard(m)
                     fallback[m.name] = f"fusion group with CPU node '{culprit.name}'"
+            continue
         for m in g:
             grouped[m] = g
     units: list[list[torch.fx.Node]] = []
