@@ -34,7 +34,7 @@ from onnx_modular.emit.optimize import (
     remove_unused_initializers,
 )
 from onnx_modular.emit.outline import OutlineReport, Selection, outline, selector
-from onnx_modular.emit.translate import MIN_HIERARCHICAL_OPSET, translate
+from onnx_modular.emit.translate import MIN_HIERARCHICAL_OPSET, stable_stack_traces, translate
 from onnx_modular.passes.modularize import modularize, module_call_chains
 
 TWO_GB = 2 * 1024**3
@@ -241,6 +241,7 @@ def hook(functions: Any = "all", dedupe: bool = True) -> Iterator[None]:
                 onnx_program = original(*args, optimize=False, opset_version=opset_version,
                                         **kwargs)
                 chosen, dedup = _hook_settings[-1] if _hook_settings else ("all", True)
+                stable_stack_traces(onnx_program.model)  # byte-identical, as om.export
                 emit(onnx_program.model, onnx_program.exported_program, functions=chosen,
                      dedupe=dedup, optimize_model=optimize)
                 return onnx_program

@@ -128,6 +128,11 @@ def test_unseen_flat_equals_hierarchical_and_bytes_are_stable(name: str) -> None
     assert not flat.functions
     np.testing.assert_allclose(_ort(first, args)[0], _ort(flat, args)[0], atol=1e-6)
     assert om.export(model, args).model_proto.SerializeToString() == first.SerializeToString()
+    # through the hook too: unchanged torch.onnx.export calls give the same bytes each time
+    with om.hook():
+        hooked = [torch.onnx.export(model, args, dynamo=True).model_proto.SerializeToString()
+                  for _ in range(2)]
+    assert hooked[0] == hooked[1]
 
 
 def test_key_ignores_where_a_constant_sits() -> None:

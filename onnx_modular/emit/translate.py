@@ -143,14 +143,14 @@ def translate(program: torch.export.ExportedProgram, *, opset: int | None = None
         raise ctx.error(rules.TRANSLATION, reason=(
             f"torch.onnx could not convert the model to opset {opset} (the converter left it "
             f"at opset {reached}); choose an opset the installed onnxscript can convert to"))
-    _stable_stack_traces(onnx_program.model)
+    stable_stack_traces(onnx_program.model)
     return Translation(onnx_program.model, onnx_program.exported_program)
 
 
 _GENERATED_FILE = re.compile(r"<eval_with_key>\.\d+")
 
 
-def _stable_stack_traces(model: ir.Model) -> None:
+def stable_stack_traces(model: ir.Model) -> None:
     """Source locations in generated code (torch.cond branches, a GraphModule as the model)
     name ``<eval_with_key>.N``, N counting FX compilations in this process: without the
     number the same export gives the same bytes (invariant 6)."""
