@@ -33,7 +33,13 @@ from onnx_modular.emit.optimize import (
     optimize,
     remove_unused_initializers,
 )
-from onnx_modular.emit.outline import OutlineReport, Selection, outline, selector
+from onnx_modular.emit.outline import (
+    OutlineReport,
+    Selection,
+    merge_shape_variants,
+    outline,
+    selector,
+)
 from onnx_modular.emit.translate import MIN_HIERARCHICAL_OPSET, stable_stack_traces, translate
 from onnx_modular.passes.modularize import modularize, module_call_chains
 
@@ -173,6 +179,9 @@ def emit(model: ir.Model, program: torch.export.ExportedProgram, *, functions: A
     if optimize_model:
         with ctx.scope("Optimize"):
             optimize(model)
+            if dedupe and report is not None and merge_shape_variants(model, report):
+                ctx.note(rules.FUNCTION_SUMMARY, functions=report.functions,
+                         calls=report.calls)
     if flat:
         RebasingInlinePass()(model)
         if optimize_model:

@@ -69,6 +69,21 @@ def test_tiny_gpt_one_function_per_layer_class(tiny) -> None:
     assert summary["Block"].module_type == "onnx_modular.examples.Block"
 
 
+def test_equal_bodies_of_other_shapes_share_one_function(tiny) -> None:
+    """qkv (32->96), proj (32->32), fc (32->128) and out (128->32) are one MatMul+Add once
+    optimized: one Linear function for all 16 calls; the bias-free head stays apart."""
+    result = tiny[2]
+    summary = {f.name: f for f in result.functions}
+    linear = summary["Linear"]
+    assert len(linear.calls) == 16
+    assert {c.rsplit(".", 1)[1] for c in linear.calls} == {"qkv", "proj", "fc", "out"}
+    assert summary["Linear_1"].calls == ("head",)
+    assert sorted(summary) == ["Attention", "Block", "Embedding", "GELU", "LayerNorm",
+                               "Linear", "Linear_1", "MLP"]
+    body = next(f for f in result.model_proto.functions if f.name == "Linear")
+    assert not body.value_info  # one body for four shapes: no shape of one call is recorded
+
+
 def test_matches_flat_export_and_inlines_to_its_size(tiny) -> None:
     model, args, result = tiny
     proto = result.model_proto

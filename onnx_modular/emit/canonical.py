@@ -40,8 +40,12 @@ def _is_constant(node: ir.Node) -> bool:
     return node.op_type == "Constant" and node.domain in ("", "ai.onnx") and not node.inputs
 
 
-def graph_key(graph: ir.Graph) -> str:
-    """Canonical digest of a graph (or function body) in its node order, constants by value."""
+def graph_key(graph: ir.Graph, signature: bool = True) -> str:
+    """Canonical digest of a graph (or function body) in its node order, constants by value.
+
+    ``signature=False`` leaves the input types and shapes out: for bodies already optimized,
+    equal keys then mean the same computation whatever the shapes.
+    """
     tokens: dict[ir.Value, tuple[Any, ...]] = {}
     for i, value in enumerate(graph.inputs):
         tokens[value] = ("in", i)
@@ -65,6 +69,6 @@ def graph_key(graph: ir.Graph) -> str:
     outputs = tuple(tokens.get(v, ("outer", v.name)) for v in graph.outputs)
     # Input types and shapes belong to the key: the optimizer specializes a body to the
     # shapes it sees, so one body must not serve calls of different shapes.
-    signature = tuple((str(v.type), str(v.shape)) for v in graph.inputs)
-    return hashlib.blake2b(repr((parts, outputs, signature)).encode(),
+    types = tuple((str(v.type), str(v.shape)) for v in graph.inputs) if signature else ()
+    return hashlib.blake2b(repr((parts, outputs, types)).encode(),
                            digest_size=20).hexdigest()

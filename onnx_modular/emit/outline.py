@@ -299,3 +299,54 @@ def outline(model: ir.Model, chains: Mapping[str, tuple[CallInfo, ...]], *,
     outliner = _Outliner(model, dedupe)
     outliner.run(root)
     return outliner.report
+
+
+
+def merge_shape_variants(model: ir.Model, report: OutlineReport) -> int:
+    """After optimization: functions of one class whose bodies came out the same for
+    different input shapes become one (``Linear`` 32->96 and 32->32: one ``MatMul, Add``).
+
+    Bodies are keyed with their input shapes for outlining, since the optimizer specializes a
+    body to its shapes; here what it made of each is compared with the shapes left out, and
+    equal bodies share the first function. Its recorded types and shapes no longer hold for
+    every call, so they are dropped; names are made dense again (``Linear``, ``Linear_1``).
+    Returns how many functions were merged away.
+    """
+    first: dict[tuple[str, str | None, str], ir.Function] = {}
+    target: dict[ir.OperatorIdentifier, ir.Function] = {}  # every function -> the one kept
+    for identifier, function in model.functions.items():
+        key = (function.domain, function.doc_string, graph_key(function.graph, signature=False))
+        kept = first.setdefault(key, function)
+        target[identifier] = kept
+        if kept is not function:
+            _drop_value_types(kept)
+    merged = [i for i, f in target.items() if model.functions[i] is not f]
+    if not merged:
+        return 0
+    for identifier in merged:
+        del model.functions[identifier]
+    counts: dict[tuple[str, str], int] = {}
+    for function in model.functions.values():  # creation order, as outlining named them
+        base = re.sub(r"\W", "_", (function.doc_string or function.name).rpartition(".")[2])
+        n = counts.get((function.domain, base), 0)
+        counts[(function.domain, base)] = n + 1
+        function.name = base if n == 0 else f"{base}_{n}"
+    model.functions.clear()
+    for function in {id(f): f for f in target.values()}.values():
+        model.functions[function.identifier()] = function
+    for node in (*model.graph.all_nodes(),
+                 *(n for f in model.functions.values() for n in f.all_nodes())):
+        kept = target.get(node.op_identifier())
+        if kept is not None:
+            node.domain, node.op_type = kept.domain, kept.name
+    renamed = {identifier[1]: kept.name for identifier, kept in target.items()}
+    report.function_of_call = {call: renamed.get(name, name)
+                               for call, name in report.function_of_call.items()}
+    report.functions = len(model.functions)
+    return len(merged)
+
+
+def _drop_value_types(function: ir.Function) -> None:
+    for value in (*function.inputs, *(out for node in function for out in node.outputs)):
+        value.type = None
+        value.shape = None
