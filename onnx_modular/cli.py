@@ -324,13 +324,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from onnx_modular.loading import user_error
     from onnx_modular.onnx_tree import call_tree, function_table, load_onnx, summary
 
     model = load_onnx(args.onnx, load_external_data=False)
-    if not model.graph.node and not model.graph.output and not model.functions:
-        # protobuf parses an empty (or all-zero-field) file as an empty model
-        raise user_error(f"'{args.onnx}' holds no ONNX graph (an empty or truncated file?)")
     if args.json:
         out.print_json(json.dumps(summary(model)))
         return EXIT_OK

@@ -167,7 +167,6 @@ def emit(model: ir.Model, program: torch.export.ExportedProgram, *, functions: A
         with ctx.scope("Outline"):
             report = outline(model, module_call_chains(gm), select=select,
                                          dedupe=dedupe)
-        ctx.note(rules.FUNCTION_SUMMARY, functions=report.functions, calls=report.calls)
         if isinstance(select, Selection) and select.unmatched():
             ctx.warn(rules.UNOUTLINED, reason=(
                 f"functions={select.unmatched()} matched no module call (by class, class "
@@ -179,9 +178,10 @@ def emit(model: ir.Model, program: torch.export.ExportedProgram, *, functions: A
     if optimize_model:
         with ctx.scope("Optimize"):
             optimize(model)
-            if dedupe and report is not None and merge_shape_variants(model, report):
-                ctx.note(rules.FUNCTION_SUMMARY, functions=report.functions,
-                         calls=report.calls)
+            if dedupe and not flat and report is not None:  # flat: inlined right after
+                merge_shape_variants(model, report)
+    if report is not None:
+        ctx.note(rules.FUNCTION_SUMMARY, functions=report.functions, calls=report.calls)
     if flat:
         RebasingInlinePass()(model)
         if optimize_model:

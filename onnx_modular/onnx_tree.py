@@ -23,9 +23,13 @@ def load_onnx(path: str | os.PathLike[str], load_external_data: bool = True) -> 
     if not file.is_file():
         raise user_error(f"no such ONNX file: '{file}'")
     try:
-        return onnx.load(str(file), load_external_data=load_external_data)
+        model = onnx.load(str(file), load_external_data=load_external_data)
     except Exception as e:  # protobuf raises DecodeError and others for corrupt files
         raise user_error(f"'{file}' is not a readable ONNX model: {type(e).__name__}: {e}") from e
+    if not model.graph.node and not model.graph.output and not model.functions:
+        # protobuf parses an empty (or all-zero-field) file as an empty model
+        raise user_error(f"'{path}' holds no ONNX graph (an empty or truncated file?)")
+    return model
 
 
 @dataclasses.dataclass

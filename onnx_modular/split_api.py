@@ -32,13 +32,6 @@ from onnx_modular.region_models import RegionGraph, partition, region_chains, si
 
 # ---- capture and translation -----------------------------------------------------------------
 
-def capture_program(model: Any, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None,
-                    ctx: DiagnosticContext | None = None) -> torch.export.ExportedProgram:
-    """The shared capture step; a list of example inputs is taken as the tuple it means."""
-    args = tuple(args) if isinstance(args, (list, tuple)) else (args,)
-    return capture(model, args, kwargs, ctx=ctx)
-
-
 def translate_program(program: torch.export.ExportedProgram, opset: int | None = None,
                       ctx: DiagnosticContext | None = None) -> Translation:
     """The shared translation step (hook-free, unoptimized: every ONNX node names its FX node).
@@ -158,7 +151,7 @@ def split(model: Any, args: Sequence[Any] = (), *, support: Any, min_acc_module_
     """
     ctx = ctx or DiagnosticContext()
     op_support = resolve_support(support)
-    program = capture_program(model, args, kwargs, ctx)
+    program = capture(model, args, kwargs, ctx=ctx)
     translation = translate_program(program, opset, ctx)
     decomposed = translation.program
     source = decomposed.module()

@@ -21,12 +21,13 @@ from typing import Any
 import torch
 import torch.fx
 
+from onnx_modular.capture import capture
 from onnx_modular.diagnostics import DiagnosticContext, rules
 from onnx_modular.manifest import build_manifest
 from onnx_modular.operator_support import CALLABLE_OPS
 from onnx_modular.passes import stages as stage_pass
 from onnx_modular.passes.split import Region, SplitPlan, _describe_regions, build_split_module
-from onnx_modular.split_api import SplitResult, capture_program, translate_program
+from onnx_modular.split_api import SplitResult, translate_program
 
 STAGE_PREFIX = "stage_"
 SHARED_HANDLING = "copied"
@@ -120,7 +121,7 @@ def _capture(model: Any, args: Sequence[Any] | None, kwargs: dict[str, Any] | No
         raise ctx.error(rules.BAD_INPUT, reason=(
             f"example inputs are needed to capture {type(model).__name__}: pass args= "
             "(or an ExportedProgram)"))
-    return capture_program(model, args if args is not None else (), kwargs, ctx)
+    return capture(model, args if args is not None else (), kwargs, ctx=ctx)
 
 
 def split_stages(model: Any, args: Sequence[Any] | None = None,

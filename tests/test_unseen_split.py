@@ -94,24 +94,24 @@ def deberta_v2(layers: int = 1) -> tuple[nn.Module, tuple]:
     return HF(DebertaV2Model(cfg).eval()).eval(), _ids()
 
 
-def vit(layers: int = 1) -> tuple[nn.Module, tuple]:
-    from transformers import ViTConfig, ViTModel
+def _vision(config: str, model: str, layers: int) -> tuple[nn.Module, tuple]:
+    """A tiny vision transformer (32x32 images, patches of 8) called with pixel_values."""
+    import transformers
 
     torch.manual_seed(0)
-    cfg = ViTConfig(num_hidden_layers=layers, hidden_size=32, intermediate_size=64,
-                    num_attention_heads=4, image_size=32, patch_size=8,
-                    attn_implementation="eager")
-    return HF(ViTModel(cfg).eval(), "pixel_values").eval(), _pixels()
+    cfg = getattr(transformers, config)(num_hidden_layers=layers, hidden_size=32,
+                                        intermediate_size=64, num_attention_heads=4,
+                                        image_size=32, patch_size=8,
+                                        attn_implementation="eager")
+    return HF(getattr(transformers, model)(cfg).eval(), "pixel_values").eval(), _pixels()
+
+
+def vit(layers: int = 1) -> tuple[nn.Module, tuple]:
+    return _vision("ViTConfig", "ViTModel", layers)
 
 
 def clip_vision(layers: int = 1) -> tuple[nn.Module, tuple]:
-    from transformers import CLIPVisionConfig, CLIPVisionModel
-
-    torch.manual_seed(0)
-    cfg = CLIPVisionConfig(num_hidden_layers=layers, hidden_size=32, intermediate_size=64,
-                           num_attention_heads=4, image_size=32, patch_size=8,
-                           attn_implementation="eager")
-    return HF(CLIPVisionModel(cfg).eval(), "pixel_values").eval(), _pixels()
+    return _vision("CLIPVisionConfig", "CLIPVisionModel", layers)
 
 
 def mixtral(layers: int = 1) -> tuple[nn.Module, tuple]:

@@ -36,39 +36,43 @@ def record_origin(function: ir.Function, module_path: str, call_id: str) -> None
     function.metadata_props[ORIGIN_CALL] = call_id
 
 
-def _path_mover(old: str, new: str) -> Callable[[str], str]:
-    def move(path: str) -> str:
-        if path == old:
-            return new
-        if path.startswith(old + "."):
-            return new + path[len(old):]
-        return path
+class _Move:
+    """Labels of the call a body was built from -> those of the call it is inlined for.
 
-    return move
+    Paths move by prefix (``layers.0.fc`` -> ``layers.1.fc``); a nested call id takes the
+    actual call's suffix where it had the origin's: inlined for the second call of one
+    instance (``shared@1``), the nested ``shared.fc`` becomes ``shared.fc@1``, as
+    torch.export names it.
+    """
 
+    def __init__(self, origin_path: str, path: str, origin_call: str, call: str) -> None:
+        self.origin_path, self.new_path = origin_path, path
+        self.origin_suffix = _suffix(origin_call)
+        self.new_suffix = _suffix(call)
 
-def _call_mover(old_call: str, new_call: str, move: Callable[[str], str]) -> Callable[[str], str]:
-    """``layers.0.fc`` -> ``layers.1.fc``; for a second call of one instance (``shared@1``),
-    the nested ``shared.fc`` takes its suffix too: ``shared.fc@1``, as torch.export names it."""
-    old_suffix = _CALL_SUFFIX.search(old_call).group()  # type: ignore[union-attr]
-    new_suffix = _CALL_SUFFIX.search(new_call).group()  # type: ignore[union-attr]
+    def _inside(self, path: str) -> bool:
+        return path == self.origin_path or path.startswith(self.origin_path + ".")
 
-    def move_call(call_id: str) -> str:
-        suffix = _CALL_SUFFIX.search(call_id).group()  # type: ignore[union-attr]
+    def path(self, path: str) -> str:
+        return self.new_path + path[len(self.origin_path):] if self._inside(path) else path
+
+    def call(self, call_id: str) -> str:
+        suffix = _suffix(call_id)
         path = call_id[:len(call_id) - len(suffix)]
-        moved = move(path)
-        if moved is path and path != "":
-            return call_id  # not inside the origin call
-        return moved + (new_suffix if suffix == old_suffix else suffix)
+        if not self._inside(path):
+            return call_id
+        return self.path(path) + (self.new_suffix if suffix == self.origin_suffix else suffix)
 
-    return move_call
+
+def _suffix(call_id: str) -> str:
+    match = _CALL_SUFFIX.search(call_id)
+    return match.group() if match else ""
 
 
 Frame = tuple[str, str]  # (module path, qualified class) of a call, root first
 
 
-def _retrace(meta: dict[str, str], chain: list[Frame], origin: str,
-             move: Callable[[str], str]) -> None:
+def _retrace(meta: dict[str, str], chain: list[Frame], origin: str, move: _Move) -> None:
     """torch.onnx's scope lists: the calls above the origin become the actual call's chain.
 
     ``name_scopes`` ``['', 'model', 'model.h.0', 'add_5']`` inlined for ``model.h.1`` reads
@@ -78,7 +82,7 @@ def _retrace(meta: dict[str, str], chain: list[Frame], origin: str,
     if origin not in scopes:
         return
     k = scopes.index(origin)
-    tail = [move(p) for p in scopes[k + 1:]]
+    tail = [move.path(p) for p in scopes[k + 1:]]
     meta[NAME_SCOPES] = repr([path for path, _ in chain] + tail)
     classes = _QUOTED.findall(meta.get(CLASS_HIERARCHY, ""))
     if len(classes) == len(scopes):
@@ -86,7 +90,7 @@ def _retrace(meta: dict[str, str], chain: list[Frame], origin: str,
     segments = meta.get(NAMESPACE, "").split("/")
     if len(segments) == len(scopes):
         meta[NAMESPACE] = "/".join([f"{path}: {cls}" for path, cls in chain]
-                                   + [f"{move(p)}: {c}" for p, _, c in
+                                   + [f"{move.path(p)}: {c}" for p, _, c in
                                       (seg.partition(": ") for seg in segments[k + 1:])])
 
 
@@ -124,19 +128,17 @@ class RebasingInlinePass(InlinePass):
         origin_call = function.metadata_props.get(ORIGIN_CALL)
         path = node.metadata_props.get(META_PATH)
         call = node.metadata_props.get(META_CALL)
-        if None in (origin_path, origin_call, path, call):
+        if origin_path is None or origin_call is None or path is None or call is None:
             return nodes, values
-        assert origin_path is not None and origin_call is not None and call is not None
-        move = _path_mover(origin_path, path)  # type: ignore[arg-type]
-        move_call = _call_mover(origin_call, call, move)
+        move = _Move(origin_path, path, origin_call, call)
         chain = self._chain_of(node, nodes)
         for inlined in nodes:
             meta = inlined.metadata_props
             if inlined.op_identifier() in self._functions:  # a nested call: its own labels
                 if META_PATH in meta:
-                    meta[META_PATH] = move(meta[META_PATH])
+                    meta[META_PATH] = move.path(meta[META_PATH])
                 if META_CALL in meta:
-                    meta[META_CALL] = move_call(meta[META_CALL])
+                    meta[META_CALL] = move.call(meta[META_CALL])
                 self._chains[inlined] = [*chain, (meta.get(META_PATH, ""),
                                                   meta.get(META_TYPE, ""))]
             else:
