@@ -2,7 +2,12 @@
 
 __version__ = "0.1.0"
 
-from onnx_modular.compare import CompareReport, compare
+from onnx_modular.api.export import ExportResult, export
+from onnx_modular.api.hook import hook
+from onnx_modular.api.split import SplitResult, split
+from onnx_modular.api.stages import Stage, StagesResult, split_by, split_stages
+from onnx_modular.check.compare import CompareReport, compare
+from onnx_modular.check.validate import ValidationReport, validate
 from onnx_modular.diagnostics import (
     Diagnostic,
     DiagnosticContext,
@@ -12,14 +17,12 @@ from onnx_modular.diagnostics import (
     Rule,
     to_sarif,
 )
-from onnx_modular.export_api import ExportResult, capture, export, hook
-from onnx_modular.operator_support import OperatorSupport
-from onnx_modular.passes.modularize import CallInfo, modularize, module_call_chains
+from onnx_modular.lower.capture import capture
+from onnx_modular.metadata import CallInfo
+from onnx_modular.parts.runner import SplitRunner
+from onnx_modular.passes.modularize import modularize, module_call_chains
 from onnx_modular.passes.stages import pipe_split
-from onnx_modular.runner import SplitRunner
-from onnx_modular.split_api import SplitResult, split
-from onnx_modular.stages_api import Stage, StagesResult, split_by, split_stages
-from onnx_modular.validate import ValidationReport, validate
+from onnx_modular.support.operator_support import OperatorSupport
 
 __all__ = [
     "ExportResult",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import re
 from collections.abc import Iterator, Sequence
 from typing import TypeVar
 
@@ -34,3 +35,9 @@ def common_prefix(a: Sequence[T], b: Sequence[T]) -> tuple[T, ...]:
             break
         n += 1
     return tuple(a[:n])
+
+
+def class_identifier(type_name: str, default: str = "Module") -> str:
+    """``pkg.mod.GPT2Block`` -> ``GPT2Block``, made a valid identifier (function and
+    GraphModule class names)."""
+    return re.sub(r"\W", "_", type_name.rsplit(".", 1)[-1]) or default

@@ -27,7 +27,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import onnx_modular as om
-from onnx_modular.emit.translate import quiet_torch_onnx
+from onnx_modular.lower.translate import quiet_torch_onnx
 
 
 class Residual(nn.Module):

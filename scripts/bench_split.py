@@ -52,10 +52,9 @@ def ours_plan(gm: torch.fx.GraphModule) -> int:
 
 
 def ours_pass(gm: torch.fx.GraphModule) -> int:
-    split = SplitPass(OperatorSupport(deny=DENY))
-    split(gm, DiagnosticContext())
-    assert split.plan is not None
-    return len(split.plan.regions)
+    result = SplitPass(OperatorSupport(deny=DENY))(gm, DiagnosticContext())
+    assert result.plan is not None
+    return len(result.plan.regions)
 
 
 class _Deny(fx_support.OperatorSupportBase):

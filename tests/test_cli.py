@@ -11,7 +11,7 @@ import torch
 
 from onnx_modular import OnnxModularError
 from onnx_modular.cli import main
-from onnx_modular.loading import load_inputs, load_model, random_input, resolve_inputs
+from onnx_modular.cli.loading import load_inputs, load_model, random_input, resolve_inputs
 
 
 def _run(*argv: str) -> subprocess.CompletedProcess[str]:

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper
 from rich.console import Console
 
 import onnx_modular as om
-from onnx_modular.compare import random_inputs, run_compare, topology_hash
+from onnx_modular.check.compare import random_inputs, run_compare, topology_hash
 
 
 @pytest.fixture(scope="module")

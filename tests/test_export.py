@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import onnx_modular as om
-from onnx_modular.emit.translate import quiet_torch_onnx
+from onnx_modular.lower.translate import quiet_torch_onnx
 from onnx_modular.examples import tiny_gpt, tiny_gpt_inputs
 
 
@@ -324,7 +324,7 @@ def test_export_failure_is_one_line_naming_the_model() -> None:
         om.export(Branchy(), (torch.randn(3),))
     message = str(info.value)
     assert "OM0201" in message and "Branchy" in message and "\n" not in message
-    from onnx_modular.capture import capture
+    from onnx_modular.lower.capture import capture
 
     program = capture(models.Stack(1).eval(), models.x8())
     assert capture(program, ()) is program  # an ExportedProgram passes through

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import onnx_modular as om
-from onnx_modular.emit.translate import quiet_torch_onnx
+from onnx_modular.lower.translate import quiet_torch_onnx
 
 
 def _export(model, args, path=None):

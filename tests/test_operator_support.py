@@ -10,15 +10,10 @@ import torch
 from torch import nn
 
 from onnx_modular import OnnxModularError, OperatorSupport
-from onnx_modular.operator_support import (
-    SupportContext,
-    fx_name_of,
-    fx_to_onnx_nodes,
-    load_support_file,
-    node_op_name,
-    ort_kernel_registry,
-    resolve_support,
-)
+from onnx_modular.metadata import fx_name
+from onnx_modular.support.onnx_index import SupportContext, fx_to_onnx_nodes
+from onnx_modular.support.operator_support import load_support_file, node_op_name, resolve_support
+from onnx_modular.support.ort_kernels import ort_kernel_registry
 
 
 class Small(nn.Module):
@@ -167,7 +162,7 @@ def test_ort_support_reads_the_translation(graph):
         onnx_program = torch.onnx.export(ep, dynamo=True, optimize=False, verbose=False)
     model = onnx_program.model
     mapping = fx_to_onnx_nodes(model)
-    assert all(fx_name_of(n) in mapping for n in model.graph)
+    assert all(fx_name(n) in mapping for n in model.graph)
     context = SupportContext(mapping, dict(model.opset_imports))
     fx = onnx_program.exported_program.graph_module
     nodes = nodes_by_op(fx)

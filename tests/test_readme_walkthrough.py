@@ -12,8 +12,8 @@ import torch
 import onnx_modular as om
 from onnx_modular import OnnxModularError
 from onnx_modular.cli import build_parser, main
-from onnx_modular.loading import load_object
-from onnx_modular.operator_support import load_support_file
+from onnx_modular.cli.loading import load_object
+from onnx_modular.support.operator_support import load_support_file
 
 SMALL = """
 import torch
@@ -149,7 +149,7 @@ def test_readme_split_support_forms_on_tiny_model() -> None:
                     ["aten.linear", "aten.addmm", "aten.t", "aten.permute"]):
         parts = om.split(model, args, support=support)
         assert any(not r.is_acc for r in parts.regions)
-    from onnx_modular._ort import available_providers
+    from onnx_modular.runtime import available_providers
 
     if "CUDAExecutionProvider" not in available_providers():
         with pytest.raises(OnnxModularError, match="CUDAExecutionProvider"):

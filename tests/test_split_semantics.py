@@ -18,7 +18,7 @@ from torch.fx.passes.shape_prop import ShapeProp
 
 import onnx_modular as om
 from onnx_modular.diagnostics import DiagnosticContext
-from onnx_modular.operator_support import OperatorSupport
+from onnx_modular.support.operator_support import OperatorSupport
 from onnx_modular.passes.split import SplitPass, plan_split
 
 Regions = list[tuple[bool, frozenset[str]]]

@@ -27,7 +27,8 @@ from torch import nn
 
 import onnx_modular as om
 from onnx_modular.diagnostics import OnnxModularError
-from onnx_modular.operator_support import fx_name_of, node_op_names
+from onnx_modular.metadata import fx_name
+from onnx_modular.support.operator_support import node_op_names
 
 DENY = ["aten.softmax", "aten._softmax", "aten.gelu", "aten.native_layer_norm"]
 
@@ -194,7 +195,7 @@ def check_regions(result: om.SplitResult, denied: set[str]) -> None:
             for node in g:
                 if (node.domain, node.op_type) in calls:
                     continue
-                origin = fx_name_of(node)
+                origin = fx_name(node)
                 if origin in fx:
                     assert not denied & set(node_op_names(fx[origin])), \
                         f"{rg.name} holds {origin} ({node.op_type})"
@@ -345,7 +346,7 @@ def test_opset_below_18_is_refused() -> None:
     """At opset 17 torch.onnx drops each node's FX origin: every ONNX node, the denied
     Softmax included, silently landed in the first acc region."""
     model, args = TwoLinear().eval(), (torch.randn(2, 4),)
-    with pytest.raises(OnnxModularError, match="opset 17 cannot be split.*>= 18"):
+    with pytest.raises(OnnxModularError, match="opset 17 is below 18, the lowest a split model.*>= 18"):
         om.split(model, args, support={"deny": DENY}, opset=17)
     result = om.split(model, args, support={"deny": DENY}, opset=18)
     check_regions(result, set(DENY))

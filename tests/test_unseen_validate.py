@@ -17,7 +17,7 @@ from onnx import numpy_helper
 from torch import nn
 
 import onnx_modular as om
-from onnx_modular import _ort
+from onnx_modular import runtime as _ort
 from onnx_modular.cli import main
 
 HAS_CUDA = "CUDAExecutionProvider" in _ort.available_providers()

@@ -14,9 +14,9 @@ from onnx import numpy_helper
 from torch import nn
 
 import onnx_modular as om
-from onnx_modular import _ort
-from onnx_modular.localize import build_probe
-from onnx_modular.validate import run_validate
+from onnx_modular import runtime as _ort
+from onnx_modular.check.localize import build_probe
+from onnx_modular.check.validate import run_validate
 
 HAS_CUDA = "CUDAExecutionProvider" in _ort.available_providers()
 NO_CUDA = "needs onnxruntime-gpu with the CUDAExecutionProvider and a CUDA GPU"

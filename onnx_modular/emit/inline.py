@@ -14,9 +14,9 @@ import re
 from collections.abc import Callable
 
 import onnx_ir as ir
-from onnx_ir.passes.common.inliner import InlinePass
 
-from onnx_modular.emit.metadata import (
+from onnx_modular._compat import ObservedInlinePass
+from onnx_modular.metadata import (
     CLASS_HIERARCHY,
     META_CALL,
     META_PATH,
@@ -94,7 +94,7 @@ def _retrace(meta: dict[str, str], chain: list[Frame], origin: str, move: _Move)
                                       (seg.partition(": ") for seg in segments[k + 1:])])
 
 
-class RebasingInlinePass(InlinePass):
+class RebasingInlinePass(ObservedInlinePass):
     """onnx_ir's inliner; every inlined node's module labels name the call it was inlined for.
 
     Calls are inlined outside in, so a call node is already rebased when its own body is
@@ -121,20 +121,18 @@ class RebasingInlinePass(InlinePass):
         meta = node.metadata_props
         return [root, (meta.get(META_PATH, ""), meta.get(META_TYPE, ""))]
 
-    def _instantiate_call(self, node: ir.Node, call_site_id: str):  # type: ignore[override]
-        nodes, values = super()._instantiate_call(node, call_site_id)
-        function = self._functions[node.op_identifier()]
+    def expanded(self, node: ir.Node, function: ir.Function, nodes: list[ir.Node]) -> None:
         origin_path = function.metadata_props.get(ORIGIN_PATH)
         origin_call = function.metadata_props.get(ORIGIN_CALL)
         path = node.metadata_props.get(META_PATH)
         call = node.metadata_props.get(META_CALL)
         if origin_path is None or origin_call is None or path is None or call is None:
-            return nodes, values
+            return
         move = _Move(origin_path, path, origin_call, call)
         chain = self._chain_of(node, nodes)
         for inlined in nodes:
             meta = inlined.metadata_props
-            if inlined.op_identifier() in self._functions:  # a nested call: its own labels
+            if self.function_of(inlined) is not None:  # a nested call: its own labels
                 if META_PATH in meta:
                     meta[META_PATH] = move.path(meta[META_PATH])
                 if META_CALL in meta:
@@ -143,4 +141,3 @@ class RebasingInlinePass(InlinePass):
                                                   meta.get(META_TYPE, ""))]
             else:
                 _retrace(meta, chain, origin_path, move)
-        return nodes, values

@@ -8,26 +8,18 @@ longer be folded. After: the full optimizer, on each unique function body once, 
 from __future__ import annotations
 
 import contextlib
-import logging
-from collections.abc import Iterator
 
 import onnx_ir as ir
 import onnx_ir.passes.common
 import onnxscript.optimizer
-from onnxscript.optimizer import _constant_folding
+
+from onnx_modular._compat import FOLDING_LOGGER, fold_constants_pass, quiet_loggers
 
 
-@contextlib.contextmanager
-def _quiet_folding() -> Iterator[None]:
+def _quiet_folding() -> contextlib.AbstractContextManager[None]:
     """The folder warns on stderr about every node its reference evaluator cannot evaluate
     (such a node is simply left as it is); keep that out of the user's terminal."""
-    logger = logging.getLogger(_constant_folding.__name__)
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
+    return quiet_loggers(FOLDING_LOGGER)
 
 
 #: Folded values up to this many elements (shapes, axes, scalars) go back into the bodies.
@@ -70,11 +62,7 @@ def _small_initializers_to_constants(graph: ir.Graph, weights: set[str] | frozen
 
 
 def _fold_weights(model: ir.Model) -> None:
-    _constant_folding.FoldConstantsPass(
-        shape_inference=False,
-        input_size_limit=_constant_folding.DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT,
-        output_size_limit=_constant_folding.DEFAULT_CONSTANT_FOLD_OUTPUT_SIZE_LIMIT,
-    )(model)
+    fold_constants_pass()(model)
     ir.passes.common.RemoveUnusedNodesPass()(model)
 
 

@@ -12,17 +12,22 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import onnx_ir as ir
 
-from onnx_modular._util import common_prefix
+from onnx_modular._util import class_identifier, common_prefix
 from onnx_modular.emit.canonical import graph_key
 from onnx_modular.emit.inline import record_origin
-from onnx_modular.emit.metadata import META_CALL, META_FX_OUTPUTS, META_PATH, META_TYPE, fx_name
-from onnx_modular.passes.modularize import CallInfo
+from onnx_modular.metadata import (
+    META_CALL,
+    META_FX_OUTPUTS,
+    META_PATH,
+    META_TYPE,
+    CallInfo,
+    fx_name,
+)
 
 DEFAULT_DOMAIN = "onnx_modular"
 
@@ -256,7 +261,7 @@ class _Outliner:
             return self.by_key[key]
         module, _, short = info.module_type.rpartition(".")
         domain = module or DEFAULT_DOMAIN
-        base = re.sub(r"\W", "_", short) or "Module"
+        base = class_identifier(short)
         count = self.names.get((domain, base), 0)
         self.names[(domain, base)] = count + 1
         name = base if count == 0 else f"{base}_{count}"
@@ -302,48 +307,72 @@ def outline(model: ir.Model, chains: Mapping[str, tuple[CallInfo, ...]], *,
 
 
 
-def merge_shape_variants(model: ir.Model, report: OutlineReport) -> int:
-    """After optimization: functions of one class whose bodies came out the same for
-    different input shapes become one (``Linear`` 32->96 and 32->32: one ``MatMul, Add``).
+def merge_equal_functions(model: ir.Model, report: OutlineReport | None = None) -> int:
+    """After optimization: functions of one class whose bodies came out the same become one,
+    to a fixpoint (``Linear`` 32->96 and 32->32: one ``MatMul, Add``; then the two blocks
+    that call them, and so on up).
 
     Bodies are keyed with their input shapes for outlining, since the optimizer specializes a
     body to its shapes; here what it made of each is compared with the shapes left out, and
-    equal bodies share the first function. Its recorded types and shapes no longer hold for
-    every call, so they are dropped; names are made dense again (``Linear``, ``Linear_1``).
-    Returns how many functions were merged away.
+    equal bodies share the first function. A body's key names the functions it calls, so a
+    parent is compared again after its children merged. A kept function's recorded types
+    no longer hold for every call and are dropped; names are made dense again (``Linear``,
+    ``Linear_1``). Returns how many functions were merged away.
     """
-    first: dict[tuple[str, str | None, str], ir.Function] = {}
-    target: dict[ir.OperatorIdentifier, ir.Function] = {}  # every function -> the one kept
-    for identifier, function in model.functions.items():
-        key = (function.domain, function.doc_string, graph_key(function.graph, signature=False))
-        kept = first.setdefault(key, function)
-        target[identifier] = kept
-        if kept is not function:
-            _drop_value_types(kept)
-    merged = [i for i, f in target.items() if model.functions[i] is not f]
+    original = {identifier[1]: function for identifier, function in model.functions.items()}
+    target: dict[int, ir.Function] = {}  # id(function) -> the function kept for it
+    merged = 0
+    while True:
+        first: dict[tuple[str, str | None, str], ir.Function] = {}
+        kept_for: dict[ir.OperatorIdentifier, ir.Function] = {}
+        for identifier, function in model.functions.items():
+            key = (function.domain, function.doc_string,
+                   graph_key(function.graph, signature=False))
+            kept = first.setdefault(key, function)
+            if kept is not function:
+                kept_for[identifier] = kept
+                target[id(function)] = kept
+                _drop_value_types(kept)
+        if not kept_for:
+            break
+        merged += len(kept_for)
+        for identifier in kept_for:
+            del model.functions[identifier]
+        _retarget_calls(model, kept_for)
     if not merged:
         return 0
-    for identifier in merged:
-        del model.functions[identifier]
     counts: dict[tuple[str, str], int] = {}
     for function in model.functions.values():  # creation order, as outlining named them
-        base = re.sub(r"\W", "_", (function.doc_string or function.name).rpartition(".")[2])
+        base = class_identifier(function.doc_string or function.name)
         n = counts.get((function.domain, base), 0)
         counts[(function.domain, base)] = n + 1
         function.name = base if n == 0 else f"{base}_{n}"
+    renamed = {identifier: function for identifier, function in model.functions.items()}
     model.functions.clear()
-    for function in {id(f): f for f in target.values()}.values():
+    for function in renamed.values():
         model.functions[function.identifier()] = function
+    _retarget_calls(model, renamed)
+    if report is not None:
+        def final(name: str) -> str:
+            function = original.get(name)
+            while function is not None and id(function) in target:
+                function = target[id(function)]
+            return function.name if function is not None else name
+
+        report.function_of_call = {call: final(name)
+                                   for call, name in report.function_of_call.items()}
+        report.functions = len(model.functions)
+    return merged
+
+
+def _retarget_calls(model: ir.Model,
+                    target: Mapping[ir.OperatorIdentifier, ir.Function]) -> None:
+    """Point every call node (main graph, bodies, subgraphs) at its new function."""
     for node in (*model.graph.all_nodes(),
                  *(n for f in model.functions.values() for n in f.all_nodes())):
-        kept = target.get(node.op_identifier())
-        if kept is not None:
-            node.domain, node.op_type = kept.domain, kept.name
-    renamed = {identifier[1]: kept.name for identifier, kept in target.items()}
-    report.function_of_call = {call: renamed.get(name, name)
-                               for call, name in report.function_of_call.items()}
-    report.functions = len(model.functions)
-    return len(merged)
+        function = target.get(node.op_identifier())
+        if function is not None:
+            node.domain, node.op_type = function.domain, function.name
 
 
 def _drop_value_types(function: ir.Function) -> None:

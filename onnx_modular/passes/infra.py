@@ -12,16 +12,13 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Sequence
+from typing import TypeVar
 
 import torch.fx
 
 from onnx_modular._util import gc_paused
-from onnx_modular.diagnostics import (
-    DiagnosticContext,
-    Level,
-    OnnxModularError,
-    rules,
-)
+from onnx_modular.diagnostics import DiagnosticContext, Level, OnnxModularError
+from onnx_modular.errors import rules
 
 
 class PassConditionError(Exception):
@@ -32,6 +29,9 @@ class PassConditionError(Exception):
 class PassResult:
     graph_module: torch.fx.GraphModule
     modified: bool
+
+
+R = TypeVar("R", bound=PassResult)
 
 
 class PassBase(abc.ABC):
@@ -79,6 +79,20 @@ class PassBase(abc.ABC):
         return result
 
 
+@dataclasses.dataclass
+class PassManagerResult(PassResult):
+    """The last module, whether any pass changed it, and every pass's own result."""
+
+    steps: list[PassResult] = dataclasses.field(default_factory=list)
+
+    def of(self, pass_type: type[R]) -> R:
+        """The result of the last pass whose result is a ``pass_type``."""
+        for step in reversed(self.steps):
+            if isinstance(step, pass_type):
+                return step
+        raise LookupError(f"no pass returned a {pass_type.__name__}")
+
+
 class PassManager:
     """Runs passes in order, threading the module through; ``modified`` is any pass's."""
 
@@ -86,10 +100,10 @@ class PassManager:
         self.passes = list(passes)
         self.ctx = ctx if ctx is not None else DiagnosticContext()
 
-    def __call__(self, graph_module: torch.fx.GraphModule) -> PassResult:
-        modified = False
+    def __call__(self, graph_module: torch.fx.GraphModule) -> PassManagerResult:
+        steps: list[PassResult] = []
         for p in self.passes:
             result = p(graph_module, self.ctx)
             graph_module = result.graph_module
-            modified = modified or result.modified
-        return PassResult(graph_module, modified)
+            steps.append(result)
+        return PassManagerResult(graph_module, any(r.modified for r in steps), steps)

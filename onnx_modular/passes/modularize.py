@@ -24,26 +24,19 @@ from typing import Any
 
 import torch
 import torch.fx
-from torch.fx._lazy_graph_module import _LazyGraphModule
 
-from onnx_modular._util import common_prefix
-from onnx_modular.diagnostics import DiagnosticContext, Location, rules
-from onnx_modular.passes.infra import PassBase, PassConditionError, PassResult
+from onnx_modular._compat import codegen_of, lazy_graph_module, program_codegen, set_codegen
+from onnx_modular._util import class_identifier, common_prefix
+from onnx_modular.diagnostics import DiagnosticContext, Location
+from onnx_modular.errors import rules
+from onnx_modular.metadata import FX_CALL, FX_NAME, CallInfo
+from onnx_modular.passes.infra import PassBase, PassConditionError, PassManager, PassResult
 
 #: A module call in a node's chain: (call_id, module_path, module_type).
 _Frame = tuple[str, str, str]
 
 _DYNAMO_PATH = re.compile(r"^L\['self'\]\.?")
 _INDEX = re.compile(r"\[(\d+)\]|\['([^']+)'\]")
-
-
-@dataclasses.dataclass(frozen=True)
-class CallInfo:
-    """One module call: ``call_id`` is unique per call; ``module_path`` is the FQN."""
-
-    call_id: str
-    module_path: str
-    module_type: str
 
 
 # ---- reading nn_module_stack -----------------------------------------------------------------
@@ -252,15 +245,13 @@ class _Source:
         for node in gm.graph.nodes:
             if node.op in ("get_attr", "call_module"):
                 attributes[str(node.target)] = _fetch_attr(gm, str(node.target))
-        return cls(gm.graph, attributes, {}, None, gm.graph._codegen, type(gm).__name__,
+        return cls(gm.graph, attributes, {}, None, codegen_of(gm.graph), type(gm).__name__,
                    getattr(gm, "module_type", _type_name(type(gm))), dict(gm.meta))
 
     @classmethod
     def of_program(cls, ep: torch.export.ExportedProgram) -> _Source:
         from torch.export.graph_signature import InputKind, OutputKind
 
-        if any(spec.kind == InputKind.TOKEN for spec in ep.graph_signature.input_specs):
-            return cls.of_graph_module(ep.module())  # effect tokens: let torch unlift
         placeholders = [n for n in ep.graph.nodes if n.op == "placeholder"]
         lifted_kinds = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR,
                         InputKind.CUSTOM_OBJ)
@@ -279,14 +270,10 @@ class _Source:
                                                 OutputKind.USER_INPUT_MUTATION,
                                                 OutputKind.PARAMETER_MUTATION) else None
                    for spec in ep.graph_signature.output_specs]
-        signature = ep.module_call_graph[0].signature
-        from torch.export._unlift import _get_codegen
-
-        codegen = _get_codegen(ep.call_spec.in_spec, ep.call_spec.out_spec,
-                               signature.forward_arg_names if signature else None)
+        codegen = program_codegen(ep)
         root_type = _root_type_of(ep)
         return cls(ep.graph, attributes, lifted, mutated, codegen,
-                   _class_name(root_type), root_type, dict(ep.graph_module.meta))
+                   class_identifier(root_type), root_type, dict(ep.graph_module.meta))
 
 
 class _Modularizer:
@@ -301,7 +288,7 @@ class _Modularizer:
         ordered = _make_contiguous(nodes, self.chains, self.ctx)
 
         root_graph = torch.fx.Graph()
-        root_graph._codegen = self.source.codegen  # keeps the pytree calling convention
+        set_codegen(root_graph, self.source.codegen)  # keeps the pytree calling convention
         root = _Builder(None, None, root_graph)
         stack = [root]
         for node in ordered:
@@ -379,13 +366,13 @@ class _Modularizer:
             with graph.inserting_before(builder._first_body):
                 node = graph.get_attr(local)
         node.meta = dict(value.meta)
-        node.meta["om_fx_name"] = value.name
+        node.meta[FX_NAME] = value.name
         builder.env[value] = node
         return node
 
     def _copy(self, builder: _Builder, node: torch.fx.Node) -> None:
         new = builder.graph.node_copy(node, lambda v: self._lookup(builder, v))
-        new.meta["om_fx_name"] = node.name
+        new.meta[FX_NAME] = node.name
         if builder._first_body is None:
             builder._first_body = new
         if node.op == "call_module":  # FX tracer leaf module, or _guards_fn
@@ -407,7 +394,7 @@ class _Modularizer:
         outputs = [n for n in builder.defined if any(u not in inside for u in n.users)]
         mapped = [builder.env[n] for n in outputs]
         builder.graph.output(mapped[0] if len(mapped) == 1 else tuple(mapped))
-        sub = _LazyGraphModule(builder.attributes, builder.graph, class_name=_class_name(type_name))
+        sub = lazy_graph_module(builder.attributes, builder.graph, class_identifier(type_name))
         sub.module_path = path
         sub.module_type = type_name
         sub.call_id = call_id
@@ -416,7 +403,7 @@ class _Modularizer:
         parent.attributes[attr] = sub
         args = tuple(self._lookup(parent, v) for v in builder.inputs)
         call = parent.graph.create_node("call_module", attr, args, name=_node_name(attr))
-        call.meta["om_call"] = CallInfo(call_id, path, type_name)
+        call.meta[FX_CALL] = CallInfo(call_id, path, type_name)
         if parent._first_body is None:
             parent._first_body = call
         if len(outputs) == 1:
@@ -442,7 +429,7 @@ class _Modularizer:
         return base if uses == 0 else f"{base}_{uses}"
 
     def _finish_root(self, root: _Builder) -> torch.fx.GraphModule:
-        gm = _LazyGraphModule(root.attributes, root.graph, class_name=self.source.class_name)
+        gm = lazy_graph_module(root.attributes, root.graph, self.source.class_name)
         gm.module_path = ""
         gm.module_type = self.source.module_type
         gm.call_id = ""
@@ -462,22 +449,34 @@ def _fetch_attr(gm: torch.nn.Module, target: str) -> Any:
     return obj
 
 
-def _class_name(type_name: str) -> str:
-    return re.sub(r"\W", "_", type_name.rsplit(".", 1)[-1]) or "Module"
-
-
 # ---- the pass and the public entry point ----------------------------------------------------
 
 class Modularize(PassBase):
-    """Nested ``GraphModule`` per module call; outputs stay exactly equal."""
+    """Nested ``GraphModule`` per module call; outputs stay exactly equal.
+
+    ``Modularize()(gm)`` reads a GraphModule whose nodes carry ``nn_module_stack``; for an
+    ExportedProgram, :meth:`for_program` gives the pass (configured with the program's
+    lifted weights and calling convention) and the module to call it on.
+    """
 
     def __init__(self, source: _Source | None = None) -> None:
         self.source = source
 
-    def requires(self, graph_module: Any) -> None:
-        if not isinstance(graph_module, (torch.fx.GraphModule, torch.export.ExportedProgram)):
+    @classmethod
+    def for_program(cls, program: torch.export.ExportedProgram
+                    ) -> tuple[Modularize, torch.fx.GraphModule]:
+        from torch.export.graph_signature import InputKind
+
+        if any(spec.kind == InputKind.TOKEN for spec in program.graph_signature.input_specs):
+            return cls(), program.module()  # effect tokens: let torch unlift
+        return cls(_Source.of_program(program)), program.graph_module
+
+    def requires(self, graph_module: torch.fx.GraphModule) -> None:
+        if not isinstance(graph_module, torch.fx.GraphModule):
             raise PassConditionError(
-                f"a torch.fx.GraphModule or ExportedProgram, got {type(graph_module).__name__}")
+                f"a torch.fx.GraphModule, got {type(graph_module).__name__}")
+        if self.source is not None and graph_module.graph is not self.source.graph:
+            raise PassConditionError("the graph module of the program the pass was made for")
 
     def ensures(self, graph_module: torch.fx.GraphModule) -> None:
         for node, sub in iter_module_calls(graph_module):
@@ -498,14 +497,14 @@ def modularize(program: Any, ctx: DiagnosticContext | None = None) -> torch.fx.G
     """
     ctx = ctx if ctx is not None else DiagnosticContext()
     if isinstance(program, torch.export.ExportedProgram):
-        source = _Source.of_program(program)
+        modularize_pass, graph_module = Modularize.for_program(program)
     elif isinstance(program, torch.fx.GraphModule):
-        source = _Source.of_graph_module(program)
+        modularize_pass, graph_module = Modularize(), program
     else:
         raise ctx.error(rules.UNSUPPORTED_INPUT, reason=(
             "modularize() takes a torch.export.ExportedProgram or a torch.fx.GraphModule "
             f"carrying nn_module_stack meta, got {type(program).__name__}"))
-    return Modularize(source)(program, ctx).graph_module
+    return PassManager([modularize_pass], ctx)(graph_module).graph_module
 
 
 def _root_type_of(program: torch.export.ExportedProgram) -> str:
@@ -524,11 +523,11 @@ def module_call_chains(gm: torch.fx.GraphModule) -> dict[str, tuple[CallInfo, ..
 
     def walk(module: torch.fx.GraphModule, chain: tuple[CallInfo, ...]) -> None:
         for node in module.graph.nodes:
-            info = node.meta.get("om_call")
+            info = node.meta.get(FX_CALL)
             if node.op == "call_module" and info is not None:
                 walk(getattr(module, str(node.target)), (*chain, info))
             elif node.op in ("call_function", "call_method", "call_module", "get_attr"):
-                name = node.meta.get("om_fx_name")
+                name = node.meta.get(FX_NAME)
                 if name is not None and (node.op != "get_attr" or name not in result):
                     result[name] = chain
 
@@ -541,7 +540,7 @@ def iter_module_calls(
 ) -> Iterator[tuple[torch.fx.Node, torch.fx.GraphModule]]:
     """Every (call_module node, sub-GraphModule) pair, depth first in execution order."""
     for node in gm.graph.nodes:
-        if node.op == "call_module" and node.meta.get("om_call") is not None:
+        if node.op == "call_module" and node.meta.get(FX_CALL) is not None:
             sub = getattr(gm, str(node.target))
             yield node, sub
             yield from iter_module_calls(sub)

@@ -14,9 +14,9 @@ one worklist for the non-tensor fallback, union-find for fusion groups and Tarja
 connected components for their closure, Kahn's algorithm with a heap per kind for the grouping,
 so the pass is O(n log n) in nodes and edges.
 
-The result is a GraphModule whose top graph calls one sub-GraphModule per region
-(``_run_on_acc_0``, ``_run_on_cpu_1``, ...); the plan (:class:`SplitPlan`) rides along in
-``graph_module.meta["onnx_modular.split_plan"]``.
+The result (:class:`SplitPassResult`) holds a GraphModule whose top graph calls one
+sub-GraphModule per region (``_run_on_acc_0``, ``_run_on_cpu_1``, ...) and the plan
+(:class:`SplitPlan`) that says why.
 """
 
 from __future__ import annotations
@@ -24,25 +24,25 @@ from __future__ import annotations
 import collections
 import dataclasses
 import heapq
+import itertools
 import operator
-from collections.abc import Iterable
 from typing import Any
 
 import torch
 import torch.fx
-from torch.fx._lazy_graph_module import _LazyGraphModule
 
-from onnx_modular.diagnostics import DiagnosticContext, Location, rules
-from onnx_modular.operator_support import (
+from onnx_modular._compat import codegen_of, lazy_graph_module, returns_nothing, set_codegen
+from onnx_modular.diagnostics import DiagnosticContext, Location
+from onnx_modular.errors import rules
+from onnx_modular.passes.infra import PassBase, PassConditionError, PassResult
+from onnx_modular.support.operator_support import (
     CALLABLE_OPS,
     OperatorSupport,
     SupportContext,
     node_op_name,
     resolve_support,
 )
-from onnx_modular.passes.infra import PassBase, PassConditionError, PassResult
 
-PLAN_META_KEY = "onnx_modular.split_plan"
 ACC_PREFIX = "_run_on_acc_"
 CPU_PREFIX = "_run_on_cpu_"
 
@@ -69,10 +69,12 @@ class SplitPlan:
     """What the pass decided, and the numbers the previews show."""
 
     regions: list[Region]
-    supported_ops: dict[str, int]
-    unsupported_ops: dict[str, int]
-    fallback_nodes: dict[str, str]  # supported node -> why it still runs on CPU
-    regions_before_merge: tuple[int, int]  # (acc, cpu) before small acc regions merged
+    supported_ops: dict[str, int] = dataclasses.field(default_factory=dict)
+    unsupported_ops: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: supported node -> why it still runs on CPU
+    fallback_nodes: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: (acc, cpu) regions before small acc regions merged
+    regions_before_merge: tuple[int, int] = (0, 0)
 
     def region_of(self) -> dict[str, str]:
         """FX node name -> region name."""
@@ -93,7 +95,7 @@ def is_tensor_node(node: torch.fx.Node) -> bool:
     if "tensor_meta" in node.meta:
         meta = node.meta["tensor_meta"]
         return meta is not None and not isinstance(meta, (list, tuple, dict))
-    if isinstance(node.target, torch._ops.OpOverload) and not node.target._schema.returns:
+    if returns_nothing(node.target):
         return False
     return node.op != "output"
 
@@ -382,11 +384,11 @@ def plan_split(graph_module: torch.fx.GraphModule, support: OperatorSupport, *,
     raw = _group_regions(callables, acc, unit_of, units)
     before = (sum(1 for a, _ in raw if a), sum(1 for a, _ in raw if not a))
     merged = _merge_small_acc(raw, min_acc_module_size)
-    regions = _describe_regions(merged, index)
+    regions = describe_regions(merged, index)
     return SplitPlan(regions, dict(supported_ops), dict(unsupported_ops), fallback, before)
 
 
-def _describe_regions(merged: list[tuple[bool, list[torch.fx.Node]]],
+def describe_regions(merged: list[tuple[bool, list[torch.fx.Node]]],
                       index: dict[torch.fx.Node, int]) -> list[Region]:
     region_of: dict[torch.fx.Node, int] = {}
     for r, (_, ns) in enumerate(merged):
@@ -425,7 +427,7 @@ def build_split_module(graph_module: torch.fx.GraphModule, plan: SplitPlan
     """A top graph calling one sub-GraphModule per region; parameters live where used."""
     by_name = {n.name: n for n in graph_module.graph.nodes}
     top = torch.fx.Graph()
-    top._codegen = graph_module.graph._codegen  # same pytree calling convention
+    set_codegen(top, codegen_of(graph_module.graph))  # same pytree calling convention
     root: dict[str, Any] = {}
     env: dict[torch.fx.Node, torch.fx.Node] = {}
 
@@ -463,7 +465,7 @@ def build_split_module(graph_module: torch.fx.GraphModule, plan: SplitPlan
             node = by_name[name]
             sub_env[node] = sub.node_copy(node, sub_arg)
         sub.output(tuple(sub_env[by_name[o]] for o in region.outputs))
-        root[region.name] = _LazyGraphModule(sub_root, sub, class_name=region.name)
+        root[region.name] = lazy_graph_module(sub_root, sub, region.name)
         call = top.call_module(region.name, tuple(top_arg(by_name[i]) for i in region.inputs))
         for k, o in enumerate(region.outputs):
             item = top.create_node("call_function", operator.getitem, (call, k), name=o)
@@ -473,12 +475,15 @@ def build_split_module(graph_module: torch.fx.GraphModule, plan: SplitPlan
     for n in graph_module.graph.nodes:
         if n.op == "output":
             top.node_copy(n, top_arg)
-    split_gm = _LazyGraphModule(root, top, class_name="SplitModule")
-    split_gm.meta[PLAN_META_KEY] = plan
-    return split_gm
+    return lazy_graph_module(root, top, "SplitModule")
 
 
 # ---- the pass --------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class SplitPassResult(PassResult):
+    plan: SplitPlan | None = None
+
 
 class SplitPass(PassBase):
     """Plan acc/CPU regions with ``support`` and build the split GraphModule."""
@@ -492,7 +497,6 @@ class SplitPass(PassBase):
         self.max_acc_splits = max_acc_splits
         self.allow_non_tensor = allow_non_tensor
         self.skip_fusion = skip_fusion
-        self.plan: SplitPlan | None = None
 
     def requires(self, graph_module: torch.fx.GraphModule) -> None:
         for name, value in (("min_acc_module_size", self.min_acc_module_size),
@@ -506,20 +510,21 @@ class SplitPass(PassBase):
                                      "before modularizing it")
 
     def ensures(self, graph_module: torch.fx.GraphModule) -> None:
-        plan = graph_module.meta[PLAN_META_KEY]
-        for a, b in zip(plan.regions, plan.regions[1:]):
-            if a.is_acc == b.is_acc:
-                raise PassConditionError(f"alternating regions ({a.name} and {b.name} are "
-                                         "of one kind)")
-        for r in plan.regions:
-            if not r.node_names:
-                raise PassConditionError(f"no empty region ({r.name} is empty)")
+        calls = [n for n in graph_module.graph.nodes
+                 if n.op == "call_module" and not _is_guard(n)]
+        for a, b in itertools.pairwise(calls):
+            if str(a.target).startswith(ACC_PREFIX) == str(b.target).startswith(ACC_PREFIX):
+                raise PassConditionError(f"alternating regions ({a.target} and {b.target} "
+                                         "are of one kind)")
+        for n in calls:
+            sub = getattr(graph_module, str(n.target))
+            if not any(m.op in CALLABLE_OPS for m in sub.graph.nodes):
+                raise PassConditionError(f"no empty region ({n.target} is empty)")
 
     def call(self, graph_module: torch.fx.GraphModule, ctx: DiagnosticContext) -> PassResult:
         plan = plan_split(graph_module, self.support, context=self.context,
                           min_acc_module_size=self.min_acc_module_size,
                           allow_non_tensor=self.allow_non_tensor, skip_fusion=self.skip_fusion)
-        self.plan = plan
         report_plan(plan, ctx, graph_module)
         n_acc = sum(r.is_acc for r in plan.regions)
         if 0 < self.max_acc_splits < len(plan.regions):
@@ -528,7 +533,7 @@ class SplitPass(PassBase):
                 f"{len(plan.regions) - n_acc} cpu), more than max_acc_splits="
                 f"{self.max_acc_splits}; allow more splits, support more ops, or raise "
                 "min_acc_module_size to merge small acc regions into CPU"))
-        return PassResult(build_split_module(graph_module, plan), True)
+        return SplitPassResult(build_split_module(graph_module, plan), True, plan)
 
 
 def report_plan(plan: SplitPlan, ctx: DiagnosticContext,
@@ -558,28 +563,3 @@ def report_plan(plan: SplitPlan, ctx: DiagnosticContext,
         ctx.note(rules.SPLIT_PREVIEW, reason=(
             f"{r.name}: {len(r.node_names)} node(s), {len(r.inputs)} input(s) "
             f"({r.input_bytes} bytes), {len(r.outputs)} output(s) ({r.output_bytes} bytes)"))
-
-
-def print_preview(plan: SplitPlan, console: Any = None) -> None:
-    """Print the support and region tables (rich)."""
-    from rich.console import Console
-    from rich.table import Table
-
-    console = console or Console()
-    support = Table(title="Operator support")
-    for col in ("operator", "supported", "nodes"):
-        support.add_column(col, justify="right" if col == "nodes" else "left")
-    rows: Iterable[tuple[str, bool, int]] = sorted(
-        [(k, True, v) for k, v in plan.supported_ops.items()]
-        + [(k, False, v) for k, v in plan.unsupported_ops.items()],
-        key=lambda t: (t[1], -t[2], t[0]))
-    for op, ok, count in rows:
-        support.add_row(op, "yes" if ok else "[red]no[/red]", str(count))
-    console.print(support)
-    regions = Table(title="Regions")
-    for col in ("region", "kind", "nodes", "inputs", "outputs", "input bytes", "output bytes"):
-        regions.add_column(col, justify="left" if col in ("region", "kind") else "right")
-    for r in plan.regions:
-        regions.add_row(r.name, r.kind, str(len(r.node_names)), str(len(r.inputs)),
-                        str(len(r.outputs)), str(r.input_bytes), str(r.output_bytes))
-    console.print(regions)

@@ -20,7 +20,8 @@ from collections.abc import Callable, Mapping
 import torch
 import torch.fx
 
-from onnx_modular.diagnostics import DiagnosticContext, Location, rules
+from onnx_modular.diagnostics import DiagnosticContext, Location
+from onnx_modular.errors import rules
 
 _LIB = torch.library.Library("onnx_modular", "FRAGMENT")
 _LIB.define("pipe_split() -> ()")

@@ -2,7 +2,7 @@
 
 Torch eager is the reference. The ONNX model runs on each provider (by default every
 available one of CUDA and CPU); each output is compared within tolerances chosen by dtype.
-When an output diverges, :mod:`onnx_modular.localize` names the first module call whose
+When an output diverges, :mod:`onnx_modular.check.localize` names the first module call whose
 outputs diverge, so that a user debugging an export looks at one module, not 2,000 nodes.
 """
 
@@ -19,17 +19,19 @@ import numpy as np
 import onnx
 import torch
 
-from onnx_modular import _ort
-from onnx_modular._report import Report
+from onnx_modular import runtime as _ort
+from onnx_modular._compat import tree_leaves
 from onnx_modular._util import gc_paused
-from onnx_modular.diagnostics import DiagnosticContext, OnnxModularError, rules
-from onnx_modular.localize import (
+from onnx_modular.check.localize import (
     Localization,
     build_probe,
     judge,
     record_calls,
     to_numpy,
 )
+from onnx_modular.check.report import Report
+from onnx_modular.diagnostics import DiagnosticContext, OnnxModularError
+from onnx_modular.errors import rules
 
 __all__ = ["OutputCheck", "ProviderResult", "ValidationReport", "run_validate", "validate"]
 
@@ -238,7 +240,7 @@ def _leaves(model: Any, args: tuple[Any, ...],
     leaves: list[tuple[str | None, torch.Tensor]] = []
 
     def add(name: str | None, value: Any) -> None:
-        flat = [t for t in torch.utils._pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
+        flat = [t for t in tree_leaves(value) if isinstance(t, torch.Tensor)]
         for t in flat:
             leaves.append((name if len(flat) == 1 else None, t))
 
@@ -432,7 +434,7 @@ def _torch_run(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
         except Exception as exc:
             raise _error(f"the torch model failed on the given inputs: "
                          f"{type(exc).__name__}: {_ort._first_line(exc)}") from None
-    flat = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+    flat = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
     return flat, calls
 
 

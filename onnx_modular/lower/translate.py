@@ -12,22 +12,35 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import io
-import logging
 import re
 import warnings
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import onnx_ir as ir
 import torch
 
-from onnx_modular.diagnostics import DiagnosticContext, Location, rules
-from onnx_modular.emit.metadata import STACK_TRACE
+from onnx_modular._compat import quiet_loggers, torch_onnx_export
+from onnx_modular.diagnostics import DiagnosticContext, Location
+from onnx_modular.errors import rules
+from onnx_modular.metadata import STACK_TRACE
 
 # torchlib's opset: below it torch.onnx converts the model down, dropping node metadata.
 MIN_HIERARCHICAL_OPSET = 18
+
+
+def check_opset(opset: int | None, *, flat: bool, ctx: DiagnosticContext,
+                what: str = "a hierarchical model") -> None:
+    """Below opset 18 torch.onnx translates at 18 and converts down with onnx's C converter,
+    which neither knows functions nor keeps the node metadata that outlining and splitting
+    follow: only a flat export can go there."""
+    if opset is None or opset >= MIN_HIERARCHICAL_OPSET or flat:
+        return
+    remedy = ("; use opset >= 18, or functions='none' for a flat model converted down"
+              if what == "a hierarchical model" else "; use opset >= 18")
+    raise ctx.error(rules.UNSUPPORTED_INPUT, reason=(
+        f"opset {opset} is below {MIN_HIERARCHICAL_OPSET}, the lowest {what} can be "
+        f"emitted at{remedy}"))
 
 
 @dataclasses.dataclass
@@ -41,50 +54,10 @@ def quiet_torch_onnx() -> Iterator[None]:
     """torch.onnx prints progress and warns about torchvision; keep the user's terminal clean."""
     # onnxscript's version converter logs a warning with a traceback when it cannot reach
     # the opset; translate() reports that as one line instead.
-    loggers = [logging.getLogger(name) for name in ("torch.onnx", "onnxscript.version_converter")]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.setLevel(level)
-
-
-def _exporter() -> tuple[Callable[..., Any], Callable[[int], Any]] | None:
-    """torch.onnx's export entry point as it is now (before any hook) and a registry maker."""
-    try:
-        from torch.onnx._internal.exporter import _core, _registration
-    except ImportError:
-        return None
-    return _core.export, _registration.ONNXRegistry.from_torchlib
-
-
-_EXPORTER = _exporter()  # captured at import: an active om.hook() must not apply to us
-
-
-@functools.lru_cache(maxsize=4)
-def _registry(opset: int) -> Any:
-    """torchlib's translation table for ``opset``; the exporter only reads it."""
-    assert _EXPORTER is not None
-    return _EXPORTER[1](opset_version=opset)
-
-
-def _torch_onnx(program: torch.export.ExportedProgram, opset: int | None) -> Any:
-    if _EXPORTER is None:
-        return torch.onnx.export(program, dynamo=True, optimize=False, opset_version=opset,
-                                 verbose=False)
-    from torch.onnx import _constants
-    from torch.onnx._internal.exporter import _constants as exporter_constants
-
-    opset = _constants.ONNX_DEFAULT_OPSET if opset is None else opset
-    # Below torchlib's own opset torch.onnx translates at its opset and converts down.
-    registry = _registry(max(opset, exporter_constants.TORCHLIB_OPSET))
-    return _EXPORTER[0](program, registry=registry, optimize=False, opset_version=opset,
-                        verbose=False)
+    with quiet_loggers("torch.onnx", "onnxscript.version_converter"), \
+            warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        yield
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -130,7 +103,7 @@ def translate(program: torch.export.ExportedProgram, *, opset: int | None = None
     ctx = ctx if ctx is not None else DiagnosticContext()
     try:
         with quiet_torch_onnx():
-            onnx_program = _torch_onnx(program, opset)
+            onnx_program = torch_onnx_export(program, opset)
     except Exception as e:
         detail, location = _failure(e, program)
         raise ctx.error(rules.TRANSLATION, location, reason=(

@@ -16,9 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from onnx_modular._ort import available_providers, resolve_providers
-from onnx_modular.diagnostics import DiagnosticContext, OnnxModularError, rules
-from onnx_modular.manifest import load_manifest
+from onnx_modular.diagnostics import DiagnosticContext, OnnxModularError
+from onnx_modular.errors import rules
+from onnx_modular.parts.manifest import load_manifest
+from onnx_modular.runtime import available_providers, resolve_providers
 
 
 def _fail(reason: str, rule: Any = rules.BAD_INPUT) -> OnnxModularError:
@@ -79,7 +80,7 @@ class SplitRunner:
         declared = self.manifest.get("inputs", [])
         kwargs = self._ordered_kwargs(kwargs)
         try:
-            import torch.utils._pytree as pytree
+            from onnx_modular import _compat as pytree
 
             leaves = pytree.tree_leaves((args, kwargs))
         except ImportError:
@@ -96,7 +97,7 @@ class SplitRunner:
         if not kwargs or not self.manifest.get("in_spec"):
             return kwargs
         try:
-            import torch.utils._pytree as pytree
+            from onnx_modular import _compat as pytree
 
             spec = pytree.treespec_loads(self.manifest["in_spec"])
             kw_spec = spec.child(1) if spec.type is tuple and \
@@ -119,7 +120,7 @@ class SplitRunner:
         spec_text = self.manifest.get("out_spec")
         if spec_text:
             try:
-                import torch.utils._pytree as pytree
+                from onnx_modular import _compat as pytree
 
                 return pytree.tree_unflatten(flat, pytree.treespec_loads(spec_text))
             except Exception:

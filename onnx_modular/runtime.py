@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 import onnx
 
-from onnx_modular.diagnostics import DiagnosticContext, OnnxModularError, rules
+from onnx_modular.diagnostics import DiagnosticContext, OnnxModularError
+from onnx_modular.errors import rules
 
 #: Short names users type on the command line.
 PROVIDER_ALIASES = {
@@ -28,6 +29,12 @@ PROVIDER_ALIASES = {
     "trt": "TensorrtExecutionProvider",
 }
 DEFAULT_PROVIDERS = ("CUDAExecutionProvider", "CPUExecutionProvider")
+
+
+def provider_name(short: str) -> str:
+    """``cuda`` / ``CUDA`` / ``CUDAExecutionProvider`` -> ``CUDAExecutionProvider``."""
+    name = PROVIDER_ALIASES.get(short.strip().lower(), short.strip())
+    return name if name.endswith("ExecutionProvider") else name + "ExecutionProvider"
 
 
 def _fail(reason: str, rule: Any = rules.BAD_INPUT) -> OnnxModularError:
@@ -152,9 +159,7 @@ def resolve_providers(providers: str | Sequence[str] | None) -> list[str]:
         providers = [p for p in providers.split(",") if p.strip()]
     resolved: list[str] = []
     for p in providers:
-        name = PROVIDER_ALIASES.get(p.strip().lower(), p.strip())
-        if not name.endswith("ExecutionProvider"):
-            name += "ExecutionProvider"
+        name = provider_name(p)
         if name not in available:
             hint = (" (it needs the onnxruntime-gpu package and a CUDA GPU)"
                     if name == "CUDAExecutionProvider" else "")

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from onnx_modular._io import atomic_write_text
-from onnx_modular.diagnostics import DiagnosticContext, rules
+from onnx_modular.diagnostics import DiagnosticContext
+from onnx_modular.errors import rules
 
 
 class _NullIO:

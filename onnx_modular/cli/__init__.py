@@ -69,7 +69,7 @@ def _providers(text: str | None) -> list[str] | None:
     fails before the export, not after it."""
     if not text:
         return None
-    from onnx_modular._ort import resolve_providers
+    from onnx_modular.runtime import resolve_providers
 
     return resolve_providers([p.strip() for p in text.split(",") if p.strip()])
 
@@ -79,7 +79,7 @@ _REPORT_SUFFIXES = (".json", ".md", ".markdown", ".html", ".htm")
 
 def _check_report(path: str) -> None:
     """A report name the report cannot be saved under fails before the long work."""
-    from onnx_modular.loading import user_error
+    from onnx_modular.cli.loading import user_error
 
     _check_writable(path)
     if Path(path).suffix.lower() not in _REPORT_SUFFIXES:
@@ -161,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
 # ---- subcommands -----------------------------------------------------------------------------
 
 def _load(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
-    from onnx_modular.loading import load_model, resolve_inputs
+    from onnx_modular.cli.loading import load_model, resolve_inputs
 
     with _step(f"Loading {args.model}"):
         model = load_model(args.model)
@@ -171,7 +171,7 @@ def _load(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], dict[str, Any
 
 def _check_writable(path: str) -> None:
     """Fail before the long work, not after it."""
-    from onnx_modular.loading import user_error
+    from onnx_modular.cli.loading import user_error
 
     directory = Path(path).parent
     if not directory.is_dir():
@@ -190,8 +190,8 @@ def _functions(args: argparse.Namespace) -> Any:
 
 def cmd_export(args: argparse.Namespace) -> int:
     import onnx_modular as om
-    from onnx_modular.loading import user_error
-    from onnx_modular.onnx_tree import summary
+    from onnx_modular.check.inspect import summary
+    from onnx_modular.cli.loading import user_error
 
     if not args.validate and (args.report or args.providers):
         flag = "--report" if args.report else "--providers"
@@ -228,7 +228,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     out.print(table)
     if not args.validate:
         return EXIT_OK
-    from onnx_modular.validate import validate
+    from onnx_modular.check.validate import validate
 
     with _step("Validating against ONNX Runtime"):
         rep = validate(model, inputs, args.output, kwargs=kwargs, providers=providers)
@@ -257,7 +257,7 @@ def cmd_split(args: argparse.Namespace) -> int:
             parts = om.split_stages(model, inputs, split_points=points, kwargs=kwargs or None)
         else:
             if args.acc_ops:
-                from onnx_modular.operator_support import load_support_file
+                from onnx_modular.support.operator_support import load_support_file
 
                 support: Any = load_support_file(args.acc_ops)
             else:
@@ -266,7 +266,7 @@ def cmd_split(args: argparse.Namespace) -> int:
                              min_acc_module_size=args.min_acc_size,
                              max_acc_splits=args.max_acc_splits)
     if args.markers and len(parts.stages) < 2:
-        from onnx_modular.loading import user_error
+        from onnx_modular.cli.loading import user_error
 
         raise user_error(f"--markers: {args.model} has no om.pipe_split() marker that cuts "
                          "its forward(); add om.pipe_split() calls or use --split-points")
@@ -281,7 +281,7 @@ def cmd_split(args: argparse.Namespace) -> int:
 
 
 def _parse_split_points(text: str) -> dict[str, str]:
-    from onnx_modular.loading import user_error
+    from onnx_modular.cli.loading import user_error
 
     points: dict[str, str] = {}
     for item in text.split(","):
@@ -294,8 +294,8 @@ def _parse_split_points(text: str) -> dict[str, str]:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from onnx_modular._ort import load_model
-    from onnx_modular.validate import validate
+    from onnx_modular.check.validate import validate
+    from onnx_modular.runtime import load_model
 
     if args.report:
         _check_report(args.report)
@@ -309,13 +309,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from onnx_modular.compare import compare
+    from onnx_modular.check.compare import compare
 
     if args.report:
         _check_report(args.report)
     inputs = None
     if args.inputs:
-        from onnx_modular.loading import load_inputs
+        from onnx_modular.cli.loading import load_inputs
 
         inputs = load_inputs(args.inputs)[0]
     with _step("Comparing"):
@@ -324,7 +324,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from onnx_modular.onnx_tree import call_tree, function_table, load_onnx, summary
+    from onnx_modular.check.inspect import call_tree, function_table, load_onnx, summary
 
     model = load_onnx(args.onnx, load_external_data=False)
     if args.json:

@@ -29,7 +29,8 @@ from typing import Any
 import onnx_ir as ir
 
 from onnx_modular._io import atomic_write_bytes, atomic_write_text
-from onnx_modular.diagnostics import DiagnosticContext, OnnxModularError, rules
+from onnx_modular.diagnostics import DiagnosticContext, OnnxModularError
+from onnx_modular.errors import rules
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "onnx_modular.parts"
@@ -68,9 +69,9 @@ def spec_dumps(spec: Any) -> str | None:
     if spec is None:
         return None
     try:
-        import torch.utils._pytree as pytree
+        from onnx_modular._compat import treespec_dumps
 
-        return pytree.treespec_dumps(spec)
+        return treespec_dumps(spec)
     except Exception:
         return None
 

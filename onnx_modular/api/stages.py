@@ -21,13 +21,13 @@ from typing import Any
 import torch
 import torch.fx
 
-from onnx_modular.capture import capture
-from onnx_modular.diagnostics import DiagnosticContext, rules
-from onnx_modular.manifest import build_manifest
-from onnx_modular.operator_support import CALLABLE_OPS
+from onnx_modular.api.split import SplitResult, translate_for_parts
+from onnx_modular.diagnostics import DiagnosticContext
+from onnx_modular.errors import rules
+from onnx_modular.lower.capture import capture
 from onnx_modular.passes import stages as stage_pass
-from onnx_modular.passes.split import Region, SplitPlan, _describe_regions, build_split_module
-from onnx_modular.split_api import SplitResult, translate_program
+from onnx_modular.passes.split import Region, SplitPlan, build_split_module, describe_regions
+from onnx_modular.support.operator_support import CALLABLE_OPS
 
 STAGE_PREFIX = "stage_"
 SHARED_HANDLING = "copied"
@@ -49,6 +49,8 @@ class StagesResult(SplitResult):
         super().__init__(*args, **kwargs)
         self.how = how
 
+    kind = "stages"
+
     @property
     def stages(self) -> list[Region]:
         return self.plan.regions
@@ -58,9 +60,8 @@ class StagesResult(SplitResult):
         return f"StagesResult({self.how}: {parts})"
 
     def parameters_of(self) -> dict[str, dict[str, int]]:
-        """Stage name -> {initializer name: bytes} of its standalone model."""
-        return {g.name: {name: _nbytes(v) for name, v in g.model.graph.initializers.items()}
-                for g in self.region_graphs()}
+        """Stage name -> {weight name: bytes} of the program's weights the stage reads."""
+        return {g.name: dict(g.weights) for g in self.region_graphs()}
 
     def shared_parameters(self) -> dict[str, dict[str, Any]]:
         """Initializers read by more than one stage: each such stage holds a copy."""
@@ -75,10 +76,7 @@ class StagesResult(SplitResult):
 
     def manifest(self) -> dict[str, Any]:
         """The parts manifest (``kind: "stages"``) plus where each stage's weights went."""
-        spec = self.program.call_spec
-        manifest = build_manifest(self.onnx_model.graph, self.region_graphs(), kind="stages",
-                                  in_spec=spec.in_spec, out_spec=spec.out_spec,
-                                  fx_nodes={r.name: len(r.node_names) for r in self.regions})
+        manifest = super().manifest()
         params = self.parameters_of()
         for entry in manifest["regions"]:
             entry["parameters"] = len(params[entry["name"]])
@@ -102,11 +100,6 @@ class StagesResult(SplitResult):
                           str(len(r.outputs)), str(r.output_bytes),
                           str(sum(params[r.name].values())))
         console.print(table)
-
-
-def _nbytes(value: Any) -> int:
-    tensor = value.const_value
-    return int(tensor.nbytes) if tensor is not None else 0
 
 
 def _module_names(model: Any) -> set[str] | None:
@@ -164,7 +157,7 @@ def split_by(model_or_program: Any, callback: Callable[[torch.fx.Node], int],
 def _build(program: torch.export.ExportedProgram, assignment: stage_pass.StageAssignment,
            ctx: DiagnosticContext, opset: int | None, hierarchical: bool) -> StagesResult:
     """Translate once, carry stages to the decomposed nodes, and describe each stage."""
-    translation = translate_program(stage_pass.without_markers(program), opset, ctx)
+    translation = translate_for_parts(stage_pass.without_markers(program), opset, ctx)
     decomposed = translation.program
     carried = stage_pass.decomposed_assignment(assignment, decomposed)
     source = decomposed.module()
@@ -175,17 +168,17 @@ def _build(program: torch.export.ExportedProgram, assignment: stage_pass.StageAs
         members[stage].append(node)
     # a stage may vanish in decomposition (it held only nodes that fold away)
     members = [ns for ns in members if ns]
-    described = _describe_regions([(True, ns) for ns in members], index)
-    stages = [Stage(**{**dataclasses.asdict(r), "name": f"{STAGE_PREFIX}{i}"})
-              for i, r in enumerate(described)]
-    plan = SplitPlan(stages, {}, {}, {}, (len(stages), 0))  # type: ignore[arg-type]
+    described = describe_regions([(True, ns) for ns in members], index)
+    stages: list[Region] = [Stage(**{**dataclasses.asdict(r), "name": f"{STAGE_PREFIX}{i}"})
+                            for i, r in enumerate(described)]
+    plan = SplitPlan(stages, regions_before_merge=(len(stages), 0))
     for stage in stages:
         ctx.note(rules.SPLIT_PREVIEW, reason=(
             f"{stage.name}: {len(stage.node_names)} node(s), {len(stage.inputs)} input(s) "
             f"({stage.input_bytes} bytes), {len(stage.outputs)} output(s) "
             f"({stage.output_bytes} bytes)"))
-    return StagesResult(plan, build_split_module(source, plan), translation.model, source,
-                        decomposed, ctx.diagnostics, hierarchical, how=assignment.how)
+    return StagesResult(plan, build_split_module(source, plan), translation, source, ctx,
+                        hierarchical, how=assignment.how)
 
 
 def _stage_of_module_nodes(source: torch.fx.GraphModule,

@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from onnx_modular.diagnostics import Diagnostic, Level, OnnxModularError, rules
+from onnx_modular.diagnostics import Diagnostic, Level, OnnxModularError
+from onnx_modular.errors import rules
 
 
 def user_error(message: str) -> OnnxModularError:

@@ -32,11 +32,12 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import torch
-from onnx_ir.passes.common.inliner import InlinePass
 
-from onnx_modular import _ort, _wire
+from onnx_modular import runtime as _ort
+from onnx_modular._compat import ObservedInlinePass, tensor_version, tree_leaves
+from onnx_modular.check import wire as _wire
 from onnx_modular.emit.inline import RebasingInlinePass
-from onnx_modular.emit.metadata import CLASS_HIERARCHY, META_CALL, META_PATH, META_TYPE, NAME_SCOPES
+from onnx_modular.metadata import CLASS_HIERARCHY, META_CALL, META_PATH, META_TYPE, NAME_SCOPES
 
 _CALL_SUFFIX = re.compile(r"@(\d+)$")
 
@@ -62,11 +63,12 @@ class TorchCall:
     input_versions: list[int] = dataclasses.field(default_factory=list)
 
     def intact_outputs(self) -> list[torch.Tensor]:
-        return [t for t, v in zip(self.outputs, self.versions, strict=True) if t._version == v]
+        return [t for t, v in zip(self.outputs, self.versions, strict=True)
+                if tensor_version(t) == v]
 
     def intact_inputs(self) -> list[torch.Tensor]:
         return [t for t, v in zip(self.inputs, self.input_versions, strict=True)
-                if t._version == v]
+                if tensor_version(t) == v]
 
 
 def _type_name(obj: Any) -> str:
@@ -75,7 +77,7 @@ def _type_name(obj: Any) -> str:
 
 
 def _tensor_leaves(value: Any) -> list[torch.Tensor]:
-    leaves = torch.utils._pytree.tree_leaves(value)
+    leaves = tree_leaves(value)
     return [t.detach() for t in leaves if isinstance(t, torch.Tensor)]
 
 
@@ -105,14 +107,14 @@ def record_calls(
             inputs = _tensor_leaves((args, kwargs))
             calls.append(TorchCall(call_id, path, type_name, len(stack),
                                    stack[-1] if stack else None, [], [], inputs,
-                                   [t._version for t in inputs]))
+                                   [tensor_version(t) for t in inputs]))
             stack.append(len(calls) - 1)
         return hook
 
     def post_hook(module: torch.nn.Module, _args: Any, output: Any) -> None:
         call = calls[stack.pop()]
         call.outputs = _tensor_leaves(output)
-        call.versions = [t._version for t in call.outputs]
+        call.versions = [tensor_version(t) for t in call.outputs]
 
     try:
         for name, module in model.named_modules():
@@ -166,6 +168,7 @@ class _TrackingInliner(RebasingInlinePass):
         self.instances: list[tuple[dict[str, str], int | None, list[str], list[str]]] = []
         self._origin: dict[ir.Node, int] = {}
         self._leaves: dict[int, ir.Node] = {}  # instance -> its call node, still in the graph
+        self._expanding: list[int] = []
 
     def _record(self, node: ir.Node) -> int:
         parent = self._origin.get(node)
@@ -178,18 +181,20 @@ class _TrackingInliner(RebasingInlinePass):
         return len(self.instances) - 1
 
     def _is_leaf(self, node: ir.Node) -> bool:
-        function = self._functions.get(node.op_identifier())
+        function = self.function_of(node)
         return function is not None and self.criteria is not None and not self.criteria(function)
 
-    def _instantiate_call(self, node: ir.Node, call_site_id: str) -> Any:
-        index = self._record(node)
-        nodes, values = super()._instantiate_call(node, call_site_id)
+    def before_expand(self, call: ir.Node) -> None:
+        self._expanding.append(self._record(call))
+
+    def expanded(self, node: ir.Node, function: ir.Function, nodes: list[ir.Node]) -> None:
+        super().expanded(node, function, nodes)
+        index = self._expanding.pop()
         for n in nodes:
             self._origin[n] = index
         for n in nodes:  # leaf calls stay: recorded now, in body order after their parent
             if self._is_leaf(n):
                 self._leaves[self._record(n)] = n
-        return nodes, values
 
     def record_leaves(self, graph: ir.Graph) -> None:
         """Leaf calls of the main graph itself; and the final value names of every leaf
@@ -341,7 +346,7 @@ def build_probe(proto: onnx.ModelProto, model_bytes: bytes | None = None) -> Pro
     A hierarchical model is inlined without its weights (shells stand in for the
     initializers) and gets them back as fields cut from ``model_bytes``, the serialized
     original; a flat one is ``model_bytes`` plus the extra outputs. Either way the weights
-    are never decoded or re-encoded (see :mod:`onnx_modular._wire`).
+    are never decoded or re-encoded (see :mod:`onnx_modular.check.wire`).
     """
     if model_bytes is None:
         model_bytes = proto.SerializeToString()
@@ -356,7 +361,7 @@ def build_probe(proto: onnx.ModelProto, model_bytes: bytes | None = None) -> Pro
             calls = _module_instances(inliner)
             kind = "hierarchical"
         else:
-            InlinePass()(model)
+            ObservedInlinePass()(model)
             calls, kind = [], "flat"
         model.graph.initializers.clear()
         graph_proto = ir.serde.serialize_model(model)

@@ -11,41 +11,25 @@ needs the translated ONNX nodes of each FX node; the splitter hands them over in
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import json
 import operator
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.fx
 
-from onnx_modular.diagnostics import DiagnosticContext, OnnxModularError, rules
-from onnx_modular.emit.metadata import fx_name
+from onnx_modular._compat import OpOverload, OpOverloadPacket, qualified_name
+from onnx_modular.errors import fail
+from onnx_modular.support.onnx_index import SupportContext
+from onnx_modular.support.ort_kernels import ort_kernel_registry
 
 #: FX ops that compute something; placeholders, get_attr and output never run on a device.
 CALLABLE_OPS = frozenset({"call_function", "call_method", "call_module"})
 ORT_PREFIX = "ort:"
 _GETITEM_NAMES = ("getitem", "operator.getitem", "_operator.getitem")
-
-
-def _fail(reason: str) -> OnnxModularError:
-    return DiagnosticContext().error(rules.BAD_INPUT, reason=reason)
-
-
-@dataclasses.dataclass(frozen=True)
-class SupportContext:
-    """What a support check may look at beyond the FX node: its ONNX translation.
-
-    ``onnx_nodes`` maps an FX node name to the ONNX nodes it became; ``opset_imports`` gives
-    the opset version of each ONNX domain in the translated model.
-    """
-
-    onnx_nodes: Mapping[str, Sequence[Any]] = dataclasses.field(default_factory=dict)
-    opset_imports: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
 
 # ---- op names --------------------------------------------------------------------------------
@@ -66,11 +50,11 @@ def node_op_names(node: torch.fx.Node) -> tuple[str, ...]:
     if node.op == "call_function":
         if target is operator.getitem:
             return ("getitem",)
-        if isinstance(target, torch._ops.OpOverload):
+        if isinstance(target, OpOverload):
             return (str(target), str(target.overloadpacket))
-        if isinstance(target, torch._ops.OpOverloadPacket):
+        if isinstance(target, OpOverloadPacket):
             return (str(target),)
-        qualified = torch.fx.node._get_qualified_name(target)  # type: ignore[arg-type]
+        qualified = qualified_name(target)
         return (qualified.removeprefix("torch.ops."),)
     if node.op == "call_method":
         return (f"Tensor.{target}",)
@@ -91,18 +75,18 @@ def _check_op_name(name: str) -> None:
         return
     parts = name.split(".")
     if len(parts) < 2 or not all(parts):
-        raise _fail(f"'{name}' is not an operator name; expected e.g. 'aten.gelu' or "
+        raise fail(f"'{name}' is not an operator name; expected e.g. 'aten.gelu' or "
                     "'aten.gelu.default'")
     namespace, op = parts[0], parts[1]
     try:
         packet = getattr(getattr(torch.ops, namespace), op)
     except (AttributeError, RuntimeError):
-        raise _fail(f"unknown operator '{name}': torch.ops.{namespace} has no '{op}'") from None
+        raise fail(f"unknown operator '{name}': torch.ops.{namespace} has no '{op}'") from None
     if len(parts) == 3 and parts[2] not in packet.overloads():
-        raise _fail(f"unknown operator '{name}': {namespace}.{op} has overloads "
+        raise fail(f"unknown operator '{name}': {namespace}.{op} has overloads "
                     f"{', '.join(sorted(packet.overloads()))}")
     if len(parts) > 3:
-        raise _fail(f"'{name}' is not an operator name; expected e.g. 'aten.gelu.default'")
+        raise fail(f"'{name}' is not an operator name; expected e.g. 'aten.gelu.default'")
 
 
 def _name_set(names: Iterable[str]) -> frozenset[str]:
@@ -110,7 +94,7 @@ def _name_set(names: Iterable[str]) -> frozenset[str]:
         names = [names]
     if not isinstance(names, Iterable):
         # e.g. ``{"allow": 3}`` read from an --acc-ops JSON file: say so, no TypeError
-        raise _fail(f"expected a list of op names such as ['aten.gelu'], got "
+        raise fail(f"expected a list of op names such as ['aten.gelu'], got "
                     f"{type(names).__name__} {names!r}")
     result = set()
     for raw in names:
@@ -227,7 +211,7 @@ class OperatorSupport:
         if node.op not in CALLABLE_OPS:
             return False
         if self.needs_onnx and context is None:
-            raise _fail(f"support '{self.description}' reads the ONNX translation of each "
+            raise fail(f"support '{self.description}' reads the ONNX translation of each "
                         "node; use it through onnx_modular.split()")
         return bool(self._check(node, context or SupportContext()))
 
@@ -285,7 +269,7 @@ def resolve_support(spec: Any) -> OperatorSupport:
         return OperatorSupport.from_callable(spec)
     if isinstance(spec, Iterable):
         return OperatorSupport.allow(list(spec))
-    raise _fail(f"support must be an OperatorSupport, a callable(fx.Node) -> bool, an "
+    raise fail(f"support must be an OperatorSupport, a callable(fx.Node) -> bool, an "
                 f"iterable of op names or 'ort:<ExecutionProvider>', got {type(spec).__name__}")
 
 
@@ -310,17 +294,17 @@ def load_support_file(path: str | os.PathLike[str]) -> OperatorSupport:
     """
     p = Path(path)
     if not p.is_file():
-        raise _fail(f"cannot read op list '{p}': no such file")
+        raise fail(f"cannot read op list '{p}': no such file")
     text = p.read_text(encoding="utf-8")
     stripped = text.lstrip()
     if stripped.startswith(("[", "{")):
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
-            raise _fail(f"cannot read op list '{p}': invalid JSON ({e.msg} at line {e.lineno})"
+            raise fail(f"cannot read op list '{p}': invalid JSON ({e.msg} at line {e.lineno})"
                         ) from None
         if not isinstance(data, (list, dict)):
-            raise _fail(f"op list '{p}' must hold a JSON list or an object with allow/deny")
+            raise fail(f"op list '{p}' must hold a JSON list or an object with allow/deny")
         return resolve_support(data)
     allow, deny = [], []
     for line in text.splitlines():
@@ -329,170 +313,10 @@ def load_support_file(path: str | os.PathLike[str]) -> OperatorSupport:
             continue
         (deny if line.startswith("!") else allow).append(line.lstrip("!").strip())
     if not allow and not deny:
-        raise _fail(f"op list '{p}' names no operator")
+        raise fail(f"op list '{p}' names no operator")
     spec: dict[str, list[str]] = {}
     if allow:
         spec["allow"] = allow
     if deny:
         spec["deny"] = deny
     return resolve_support(spec)
-
-
-# ---- ONNX Runtime kernel registry ------------------------------------------------------------
-
-def _domain_key(domain: str) -> str:
-    return "" if domain in ("", "ai.onnx") else domain
-
-
-@dataclasses.dataclass
-class KernelRegistry:
-    """The kernels one execution provider registers: (domain, op) -> [(since, until, types)]."""
-
-    provider: str
-    kernels: dict[tuple[str, str], list[tuple[int, int, dict[str, list[str]]]]]
-    _cache: dict[tuple[Any, ...], bool] = dataclasses.field(default_factory=dict)
-
-    def supports(self, op_type: str, domain: str, version: int,
-                 types: Mapping[str, str] | None = None) -> bool:
-        """Is there a kernel for this op at this opset version (and these formal types)?"""
-        key = (_domain_key(domain), op_type, version,
-               tuple(sorted(types.items())) if types else ())
-        hit = self._cache.get(key)
-        if hit is None:
-            hit = self._lookup(key[0], op_type, version, types or {})
-            self._cache[key] = hit
-        return hit
-
-    def _lookup(self, domain: str, op_type: str, version: int,
-                types: Mapping[str, str]) -> bool:
-        for since, until, constraints in self.kernels.get((domain, op_type), ()):
-            if not since <= version <= until:
-                continue
-            if all(t in constraints[name] for name, t in types.items()
-                   if constraints.get(name)):
-                return True
-        # No kernel: ORT still runs constants (folded into initializers) and ops that an
-        # ONNX function defines (expanded into ops that do have kernels).
-        return op_type in _FOLDED_BY_ORT or _has_function_body(op_type, domain, version)
-
-    def supports_node(self, node: Any, opset_imports: Mapping[str, int]) -> bool:
-        """An ``onnx_ir`` node: its op at the model's opset for its domain, with its types."""
-        domain = _domain_key(node.domain)
-        version = node.version
-        if version is None:
-            version = opset_imports.get(domain, opset_imports.get("ai.onnx", 1))
-        return self.supports(node.op_type, domain, int(version),
-                             _formal_types(node, domain, int(version)))
-
-
-@functools.lru_cache(maxsize=4096)
-def _schema_formals(op_type: str, domain: str, version: int) -> tuple[tuple[str, ...],
-                                                                        tuple[str, ...],
-                                                                        bool] | None:
-    """(input type names, output type names, last input variadic) of the op's schema."""
-    import onnx.defs
-
-    try:
-        schema = onnx.defs.get_schema(op_type, version, domain)
-    except Exception:
-        return None
-    ins = tuple(p.type_str for p in schema.inputs)
-    outs = tuple(p.type_str for p in schema.outputs)
-    variadic = bool(schema.inputs) and schema.inputs[-1].option == \
-        onnx.defs.OpSchema.FormalParameterOption.Variadic
-    return ins, outs, variadic
-
-
-_FOLDED_BY_ORT = frozenset({"Constant"})
-
-
-@functools.lru_cache(maxsize=1024)
-def _has_function_body(op_type: str, domain: str, version: int) -> bool:
-    import onnx.defs
-
-    try:
-        schema = onnx.defs.get_schema(op_type, version, domain)
-    except Exception:
-        return False
-    return bool(schema.has_function or schema.has_context_dependent_function)
-
-
-def _ort_type_name(value: Any) -> str | None:
-    """The ``tensor(float)`` spelling ORT's registry uses for a value's element type."""
-    import onnx_ir as ir
-
-    if value is None or not isinstance(value.type, ir.TensorType):
-        return None
-    return f"tensor({value.type.dtype.name.lower()})"
-
-
-def _formal_types(node: Any, domain: str, version: int) -> dict[str, str]:
-    """Type-constraint name -> the ORT type string of the value bound to it, where known."""
-    formals = _schema_formals(node.op_type, domain, version)
-    if formals is None:
-        return {}
-    ins, outs, variadic = formals
-    bound: dict[str, str] = {}
-
-    def bind(formal: str, value: Any) -> None:
-        t = _ort_type_name(value)
-        if t is not None and not formal.startswith("tensor(") and formal not in bound:
-            bound[formal] = t
-
-    for i, value in enumerate(node.inputs):
-        if i < len(ins):
-            bind(ins[i], value)
-        elif variadic and ins:
-            bind(ins[-1], value)
-    for i, value in enumerate(node.outputs):
-        if i < len(outs):
-            bind(outs[i], value)
-    return bound
-
-
-@functools.cache
-def _all_kernel_defs() -> tuple[Any, ...]:
-    from onnxruntime.capi import _pybind_state as C  # noqa: N812 - ORT's own name
-
-    return tuple(C.get_all_opkernel_def())
-
-
-@functools.lru_cache(maxsize=16)
-def ort_kernel_registry(provider: str) -> KernelRegistry:
-    """The kernels ``provider`` registers in the installed onnxruntime (names as in ORT)."""
-    from onnx_modular._ort import PROVIDER_ALIASES
-
-    name = PROVIDER_ALIASES.get(provider.strip().lower(), provider.strip())
-    if not name.endswith("ExecutionProvider"):
-        name += "ExecutionProvider"
-    kernels: dict[tuple[str, str], list[tuple[int, int, dict[str, list[str]]]]] = {}
-    providers = set()
-    for k in _all_kernel_defs():
-        providers.add(k.provider)
-        if k.provider != name:
-            continue
-        since, until = k.version_range
-        kernels.setdefault((_domain_key(k.domain), k.op_name), []).append(
-            (int(since), int(until), {c: list(ts) for c, ts in k.type_constraints.items()}))
-    if not kernels:
-        raise _fail(f"onnxruntime registers no kernels for '{name}' (registered providers: "
-                    f"{', '.join(sorted(providers)) or 'none'}); install the onnxruntime "
-                    "package that ships it (e.g. onnxruntime-gpu for CUDA)")
-    return KernelRegistry(name, kernels)
-
-
-def fx_to_onnx_nodes(model: Any) -> dict[str, list[Any]]:
-    """FX node name -> the ONNX nodes (``onnx_ir``) translated from it, in graph order.
-
-    Reads ``pkg.torch.onnx.fx_node`` (``%<name> : ...``) of every top-level node; subgraph
-    nodes count for their enclosing node.
-    """
-    result: dict[str, list[Any]] = {}
-    for node in model.graph:
-        name = fx_name_of(node)
-        if name is not None:
-            result.setdefault(name, []).append(node)
-    return result
-
-
-fx_name_of = fx_name  # the name split's modules and tests use

@@ -11,8 +11,8 @@ import onnx
 from rich.table import Table
 from rich.tree import Tree
 
-from onnx_modular.emit.metadata import META_PATH
-from onnx_modular.loading import user_error
+from onnx_modular.cli.loading import user_error
+from onnx_modular.metadata import META_PATH
 
 
 def load_onnx(path: str | os.PathLike[str], load_external_data: bool = True) -> onnx.ModelProto:

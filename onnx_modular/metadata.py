@@ -1,7 +1,12 @@
-"""Names of the node and function metadata the package writes, and torch.onnx's it reads."""
+"""Every metadata key the package writes or reads, ONNX and FX, and the call record.
+
+ONNX: ``metadata_props`` of call nodes and functions (ours) and of translated nodes
+(torch.onnx's). FX: ``node.meta`` keys the Modularize pass sets on the nested GraphModules.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 # On every module call node (and on function bodies' nodes after inlining).
@@ -18,6 +23,21 @@ NAME_SCOPES = "pkg.torch.onnx.name_scopes"
 CLASS_HIERARCHY = "pkg.torch.onnx.class_hierarchy"
 STACK_TRACE = "pkg.torch.onnx.stack_trace"
 NAMESPACE = "namespace"
+# On a region's call node in a single-file split model.
+REGION_KIND = "onnx_modular.region_kind"
+
+# FX ``node.meta`` of the modularized GraphModules.
+FX_CALL = "om_call"  # on a call_module node: the CallInfo of the module call
+FX_NAME = "om_fx_name"  # on every copied node: its name in the input program
+
+
+@dataclasses.dataclass(frozen=True)
+class CallInfo:
+    """One module call: ``call_id`` is unique per call; ``module_path`` is the FQN."""
+
+    call_id: str
+    module_path: str
+    module_type: str
 
 
 def fx_name(node: Any) -> str | None:

@@ -23,9 +23,10 @@ import onnx
 import onnx_ir as ir
 from onnx_ir.passes.common.inliner import InlinePass
 
-from onnx_modular import _ort
-from onnx_modular._report import Report
-from onnx_modular.diagnostics import DiagnosticContext, OnnxModularError, rules
+from onnx_modular import runtime as _ort
+from onnx_modular.check.report import Report
+from onnx_modular.diagnostics import DiagnosticContext, OnnxModularError
+from onnx_modular.errors import rules
 
 __all__ = ["CompareReport", "ModelFacts", "OutputDiff", "compare", "random_inputs",
            "run_compare", "topology_hash"]
@@ -242,7 +243,7 @@ def random_inputs(model: onnx.ModelProto, seed: int = 0,
 
 def _to_numpy(value: Any) -> np.ndarray:
     if hasattr(value, "detach"):  # a torch tensor; avoid importing torch for numpy users
-        from onnx_modular.validate import to_feed
+        from onnx_modular.check.validate import to_feed
 
         return to_feed(value)
     return np.asarray(value)
@@ -370,7 +371,7 @@ class CompareReport(Report):
                                        style="green" if self.equivalent else "bold red"))
 
     def to_markdown(self) -> str:
-        from onnx_modular.validate import _md_table
+        from onnx_modular.check.validate import _md_table
 
         lines = [f"# Compare {self.a.label} and {self.b.label}", "", f"**{self.summary()}**", ""]
         lines += [*_md_table(["", "a", "b"], self._fact_rows()), ""]

@@ -11,7 +11,8 @@ from typing import Any
 
 import torch
 
-from onnx_modular.diagnostics import DiagnosticContext, Location, rules
+from onnx_modular.diagnostics import DiagnosticContext, Location
+from onnx_modular.errors import rules
 
 
 def capture(model: Any, args: Any = (), kwargs: dict[str, Any] | None = None,

@@ -15,8 +15,10 @@ from typing import Any
 import onnx_ir as ir
 import torch
 
-from onnx_modular.diagnostics import DiagnosticContext, rules
-from onnx_modular.operator_support import fx_name_of
+from onnx_modular.diagnostics import DiagnosticContext
+from onnx_modular.emit.outline import merge_equal_functions
+from onnx_modular.errors import rules
+from onnx_modular.metadata import REGION_KIND, fx_name
 
 SPLIT_DOMAIN = "onnx_modular.split"
 _TORCH_TO_IR = {
@@ -38,6 +40,8 @@ class RegionGraph:
     model: ir.Model
     sources: dict[str, str]  # input name -> producing region name, or "input"
     consumers: dict[str, list[str]]  # output name -> consuming region names and/or "output"
+    #: the program's weights the region reads (name -> bytes), as cut, before any folding
+    weights: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def is_acc(self) -> bool:
@@ -70,7 +74,7 @@ def _region_of_nodes(graph: ir.Graph, region_of_fx: Mapping[str, int]) -> dict[i
     region: dict[ir.Node, int] = {}
     floating: list[ir.Node] = []
     for node in graph:
-        r = region_of_fx.get(fx_name_of(node) or "")
+        r = region_of_fx.get(fx_name(node) or "")
         if r is None:
             floating.append(node)
         else:
@@ -209,36 +213,35 @@ def partition(model: ir.Model, region_names: Sequence[tuple[str, str]],
                      opset_imports=dict(graph.opset_imports), name=name)
         m = ir.Model(g, ir_version=work.ir_version, producer_name="onnx_modular",
                      producer_version=work.producer_version)
-        result.append(RegionGraph(name, kind, m, sources[r], consumers[r]))
+        weights = {v.name or "": v.const_value.nbytes for v in new_inits[r]
+                   if v.const_value is not None}
+        result.append(RegionGraph(name, kind, m, sources[r], consumers[r], weights))
     return result
 
 
-def single_model(model: ir.Model, regions: Sequence[RegionGraph]) -> ir.Model:
+def single_model(model_graph: ir.Graph, regions: Sequence[RegionGraph]) -> ir.Model:
     """One model whose graph calls each region as a local function, in order.
 
-    Initializers stay in the main graph, once each, and enter the functions as inputs.
+    ``model_graph``: the whole model's graph (its inputs and outputs name the model's).
+    Weights stay in the main graph, once each, and enter the region functions as inputs;
+    the module functions of all regions are pooled, equal bodies merged to a fixpoint.
     """
-    work = copy_model(model)
+    main_inputs = [ir.Value(name=v.name, shape=v.shape, type=v.type) for v in model_graph.inputs]
+    env: dict[str, ir.Value] = {v.name or "": v for v in main_inputs}
     inits: dict[str, ir.Value] = {}
-    for v in work.graph.initializers.values():
-        inits[v.name or ""] = ir.Value(name=v.name, shape=v.shape, type=v.type,
-                                       const_value=v.const_value)
-    env: dict[str, ir.Value] = {}
-    main_inputs = []
-    for v in work.graph.inputs:
-        fresh = ir.Value(name=v.name, shape=v.shape, type=v.type)
-        main_inputs.append(fresh)
-        env[v.name or ""] = fresh
     calls: list[ir.Node] = []
     functions: dict[ir.OperatorIdentifier, ir.Function] = {}
-    opsets = dict(work.graph.opset_imports)
-    for region in regions:  # module functions inside regions bring their own domains
-        opsets.update(region.model.opset_imports)
+    opsets: dict[str, int] = dict(model_graph.opset_imports)
     for region in regions:
         region_model = ir.serde.deserialize_model(ir.serde.serialize_model(region.model))
-        _merge_functions(functions, region_model, region.name)
+        opsets.update(region_model.opset_imports)
+        _pool_functions(functions, region_model)
         rg = region_model.graph
         weights = list(rg.initializers.values())
+        for w in weights:
+            if w.name not in inits:
+                inits[w.name or ""] = ir.Value(name=w.name, shape=w.shape, type=w.type,
+                                               const_value=w.const_value)
         fn_inputs, fn_outputs, nodes = list(rg.inputs) + weights, list(rg.outputs), list(rg)
         rg.initializers.clear()
         rg.inputs.clear()
@@ -246,53 +249,57 @@ def single_model(model: ir.Model, regions: Sequence[RegionGraph]) -> ir.Model:
         rg.remove(nodes, safe=False)
         for w in weights:
             w.const_value = None
+        for k, out in enumerate(fn_outputs):  # an output that is an input (a folded weight)
+            if out.producer() is None:
+                identity = ir.node("Identity", [out], name=f"{region.name}_out_{k}")
+                identity.outputs[0].name = f"{out.name}__out"
+                identity.outputs[0].type, identity.outputs[0].shape = out.type, out.shape
+                nodes.append(identity)
+                fn_outputs[k] = identity.outputs[0]
         fgraph = ir.Graph(fn_inputs, fn_outputs, nodes=nodes, opset_imports=opsets,
                           name=region.name)
         fn = ir.Function(SPLIT_DOMAIN, region.name, graph=fgraph, attributes=[])
+        fn.doc_string = region.name  # never merged with another region's function
         functions[fn.identifier()] = fn
         args = [env[v.name or ""] for v in region.model.graph.inputs]
         args += [inits[w.name or ""] for w in weights]
         call = ir.Node(SPLIT_DOMAIN, region.name, args,
                        num_outputs=len(region.model.graph.outputs), name=region.name)
-        call.metadata_props["onnx_modular.region_kind"] = region.kind
+        call.metadata_props[REGION_KIND] = region.kind
         for out, ref in zip(call.outputs, region.model.graph.outputs):
-            out.name, out.shape, out.type = ref.name, ref.shape, ref.type
+            # a folded weight passed on keeps its initializer's name in the main graph
+            out.name = ref.name if ref.name not in inits else f"{ref.name}__{region.name}"
+            out.shape, out.type = ref.shape, ref.type
             env[ref.name or ""] = out
         calls.append(call)
-    main_outputs = [env[v.name or ""] for v in work.graph.outputs]
-    used = {v.name for c in calls for v in c.inputs if v is not None}
-    graph = ir.Graph(main_inputs, main_outputs, nodes=calls,
-                     initializers=[v for k, v in inits.items() if k in used],
+    main_outputs = [env[v.name or ""] for v in model_graph.outputs]
+    graph = ir.Graph(main_inputs, main_outputs, nodes=calls, initializers=list(inits.values()),
                      opset_imports={**opsets, SPLIT_DOMAIN: 1}, name="split")
-    return ir.Model(graph, ir_version=work.ir_version, producer_name="onnx_modular",
-                    producer_version=work.producer_version, functions=list(functions.values()))
+    single = ir.Model(graph, ir_version=regions[0].model.ir_version if regions else 10,
+                      producer_name="onnx_modular", functions=list(functions.values()))
+    merge_equal_functions(single)
+    return single
 
 
-def _merge_functions(functions: dict[ir.OperatorIdentifier, ir.Function], model: ir.Model,
-                     region: str) -> None:
-    """Add the module functions of a region model; same name, other body -> renamed."""
-    renames: dict[ir.OperatorIdentifier, str] = {}
-    for ident, fn in model.functions.items():
-        known = functions.get(ident)
-        if known is not None and ir.serde.serialize_function(known) != \
-                ir.serde.serialize_function(fn):
-            renames[ident] = f"{fn.name}_{region}"
+def _pool_functions(functions: dict[ir.OperatorIdentifier, ir.Function],
+                    model: ir.Model) -> None:
+    """Add a region model's module functions; a name already taken gets a fresh one (equal
+    bodies are merged afterwards, across regions)."""
+    renames: dict[ir.OperatorIdentifier, ir.Function] = {}
+    for identifier, fn in model.functions.items():
+        if identifier in functions:
+            k = 1
+            while (fn.domain, f"{fn.name}_r{k}", fn.overload) in functions:
+                k += 1
+            fn.name = f"{fn.name}_r{k}"
+            renames[identifier] = fn
+        functions[fn.identifier()] = fn
     if renames:
-        for node in ir.traversal.RecursiveGraphIterator(model.graph):
-            _rename_call(node, renames)
-        for fn in model.functions.values():
-            for node in ir.traversal.RecursiveGraphIterator(fn):
-                _rename_call(node, renames)
-        for ident, new_name in renames.items():
-            model.functions[ident].name = new_name
-    for fn in model.functions.values():
-        functions.setdefault(fn.identifier(), fn)
-
-
-def _rename_call(node: ir.Node, renames: Mapping[ir.OperatorIdentifier, str]) -> None:
-    new_name = renames.get((node.domain, node.op_type, node.overload))
-    if new_name is not None:
-        node.op_type = new_name
+        for node in (*model.graph.all_nodes(),
+                     *(n for f in model.functions.values() for n in f.all_nodes())):
+            target = renames.get(node.op_identifier())
+            if target is not None:
+                node.op_type = target.name
 
 
 def region_chains(chains: Mapping[str, tuple[Any, ...]], region_of_fx: Mapping[str, int],

@@ -1,0 +1,199 @@
+"""The one seam to private APIs of torch, onnxscript, onnx_ir and onnxruntime.
+
+Everything here reaches past a library's public surface; nothing else in the package does
+(``tests/test_layout.py`` checks). An upgrade that moves one of these is one file's work.
+Tested with torch 2.13 and 2.14, onnxscript 0.7, onnx-ir 1.1, onnxruntime 1.32.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import onnx_ir as ir
+import torch
+import torch.fx
+import torch.utils._pytree as _pytree
+from onnx_ir.passes.common.inliner import InlinePass
+
+# ---- torch.fx / torch.export -----------------------------------------------------------------
+
+OpOverload = torch._ops.OpOverload
+OpOverloadPacket = torch._ops.OpOverloadPacket
+
+
+def lazy_graph_module(attributes: dict[str, Any], graph: torch.fx.Graph,
+                      class_name: str) -> torch.fx.GraphModule:
+    """A GraphModule that generates its Python code on first call, not at construction
+    (a 48-layer model has hundreds of sub-modules, most never printed)."""
+    from torch.fx._lazy_graph_module import _LazyGraphModule
+
+    return _LazyGraphModule(attributes, graph, class_name=class_name)
+
+
+def codegen_of(graph: torch.fx.Graph) -> Any:
+    """The graph's code generator (it carries the pytree calling convention)."""
+    return graph._codegen
+
+
+def set_codegen(graph: torch.fx.Graph, codegen: Any) -> None:
+    graph._codegen = codegen
+
+
+def program_codegen(program: torch.export.ExportedProgram) -> Any:
+    """The code generator ``ExportedProgram.module()`` gives its unlifted graph."""
+    from torch.export._unlift import _get_codegen
+
+    signature = program.module_call_graph[0].signature
+    return _get_codegen(program.call_spec.in_spec, program.call_spec.out_spec,
+                        signature.forward_arg_names if signature else None)
+
+
+def returns_nothing(target: Any) -> bool:
+    """An ATen op whose schema declares no result (``_assert_tensor_metadata``)."""
+    return isinstance(target, OpOverload) and not target._schema.returns
+
+
+def qualified_name(target: Any) -> str:
+    """``torch.fx``'s dotted name of a Python callable target."""
+    return torch.fx.node._get_qualified_name(target)
+
+
+def tensor_version(tensor: torch.Tensor) -> int:
+    """The in-place modification counter of a tensor."""
+    return int(tensor._version)
+
+
+# ---- pytree ----------------------------------------------------------------------------------
+
+tree_leaves = _pytree.tree_leaves
+tree_unflatten = _pytree.tree_unflatten
+treespec_dumps = _pytree.treespec_dumps
+treespec_loads = _pytree.treespec_loads
+
+
+# ---- torch.onnx ------------------------------------------------------------------------------
+
+def _exporter_entry() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
+    try:
+        from torch.onnx._internal.exporter import _core, _registration
+    except ImportError:
+        return None
+    return _core.export, _registration.ONNXRegistry.from_torchlib
+
+
+#: torch.onnx's export step and its registry maker, captured at import: an active
+#: ``om.hook()`` (which replaces the step) must not apply to our own translations.
+_EXPORTER = _exporter_entry()
+
+
+def default_opset() -> int:
+    from torch.onnx import _constants
+
+    return int(_constants.ONNX_DEFAULT_OPSET)
+
+
+def torchlib_opset() -> int:
+    from torch.onnx._internal.exporter import _constants
+
+    return int(_constants.TORCHLIB_OPSET)
+
+
+@functools.lru_cache(maxsize=4)
+def _registry(opset: int) -> Any:
+    assert _EXPORTER is not None
+    return _EXPORTER[1](opset_version=opset)
+
+
+def torch_onnx_export(program: torch.export.ExportedProgram, opset: int | None) -> Any:
+    """``torch.onnx.export(program, optimize=False)``, with torchlib's translation table
+    built once per opset (torch.onnx rebuilds it on every call: 0.4 s each)."""
+    if _EXPORTER is None:
+        return torch.onnx.export(program, dynamo=True, optimize=False, opset_version=opset,
+                                 verbose=False)
+    opset = default_opset() if opset is None else opset
+    registry = _registry(max(opset, torchlib_opset()))
+    return _EXPORTER[0](program, registry=registry, optimize=False, opset_version=opset,
+                        verbose=False)
+
+
+@contextlib.contextmanager
+def replaced_torch_onnx_export(make: Callable[[Callable[..., Any]], Callable[..., Any]]
+                               ) -> Iterator[None]:
+    """Replace the step ``torch.onnx.export(..., dynamo=True)`` builds its program with;
+    ``make(original)`` returns the replacement. Restored on exit."""
+    from torch.onnx._internal.exporter import _core
+
+    original = _core.export
+    _core.export = make(original)
+    try:
+        yield
+    finally:
+        _core.export = original
+
+
+# ---- onnxscript --------------------------------------------------------------------------------
+
+def fold_constants_pass() -> Any:
+    """onnxscript's constant folder without shape inference, at its default size limits."""
+    from onnxscript.optimizer import _constant_folding as folding
+
+    return folding.FoldConstantsPass(
+        shape_inference=False,
+        input_size_limit=folding.DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT,
+        output_size_limit=folding.DEFAULT_CONSTANT_FOLD_OUTPUT_SIZE_LIMIT)
+
+
+#: The logger the folder warns on for every node its reference evaluator cannot evaluate.
+FOLDING_LOGGER = "onnxscript.optimizer._constant_folding"
+
+
+@contextlib.contextmanager
+def quiet_loggers(*names: str) -> Iterator[None]:
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
+# ---- onnx_ir ---------------------------------------------------------------------------------
+
+class ObservedInlinePass(InlinePass):
+    """onnx_ir's inliner, telling a subclass about every call it expands.
+
+    ``expanded(call, function, nodes)`` sees the call node, its function and the nodes that
+    replace it (their labels may be changed there); ``function_of(node)`` looks a call up.
+    """
+
+    def expanded(self, call: ir.Node, function: ir.Function, nodes: list[ir.Node]) -> None:
+        """Hook for subclasses; does nothing by default."""
+
+    def function_of(self, node: ir.Node) -> ir.Function | None:
+        return self._functions.get(node.op_identifier())
+
+    def _instantiate_call(self, node: ir.Node, call_site_id: str) -> Any:  # type: ignore[override]
+        self.before_expand(node)
+        nodes, values = super()._instantiate_call(node, call_site_id)
+        self.expanded(node, self._functions[node.op_identifier()], nodes)
+        return nodes, values
+
+    def before_expand(self, call: ir.Node) -> None:
+        """Hook for subclasses: ``call`` is about to be expanded."""
+
+
+# ---- onnxruntime -----------------------------------------------------------------------------
+
+@functools.cache
+def ort_kernel_defs() -> tuple[Any, ...]:
+    """Every kernel the installed onnxruntime registers, for every execution provider."""
+    from onnxruntime.capi import _pybind_state
+
+    return tuple(_pybind_state.get_all_opkernel_def())

@@ -1,0 +1,167 @@
+"""``om.split``: accelerator/CPU regions of a model, as a runnable GraphModule and ONNX files.
+
+The program is captured and translated to ONNX once; the Split pass decides regions on the
+decomposed FX graph; each ONNX node follows its FX node into a region, and every region
+model goes through the same emit pipeline as ``om.export`` (folded, outlined into module
+functions, optimized, equal functions merged). ``save`` writes one standalone model per
+region plus ``manifest.json`` (the format :class:`SplitRunner` reads, shared with pipeline
+stages); ``save_single`` writes one model of region functions.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import onnx_ir as ir
+import torch
+
+from onnx_modular._io import atomic_write_bytes
+from onnx_modular.diagnostics import Diagnostic, DiagnosticContext
+from onnx_modular.emit.pipeline import EmitOptions, call_chains, emit_model, program_weights
+from onnx_modular.emit.regions import RegionGraph, partition, region_chains, single_model
+from onnx_modular.lower.capture import capture
+from onnx_modular.lower.translate import Translation, check_opset, translate
+from onnx_modular.parts.manifest import build_manifest, save_parts
+from onnx_modular.passes.infra import PassManager
+from onnx_modular.passes.split import Region, SplitPass, SplitPassResult, SplitPlan
+from onnx_modular.support.onnx_index import SupportContext, fx_to_onnx_nodes
+from onnx_modular.support.operator_support import resolve_support
+
+
+def translate_for_parts(program: torch.export.ExportedProgram, opset: int | None,
+                        ctx: DiagnosticContext) -> Translation:
+    """The shared translation of splits and stages: every ONNX node must name its FX node,
+    which torch.onnx drops below opset 18."""
+    check_opset(opset, flat=False, ctx=ctx, what="a split model")
+    return translate(program, opset=opset, ctx=ctx)
+
+
+class SplitResult:
+    """Regions of a model: ``regions``, ``graph_module`` (runs in torch), ``save``."""
+
+    def __init__(self, plan: SplitPlan, graph_module: torch.fx.GraphModule,
+                 translation: Translation, source: torch.fx.GraphModule,
+                 ctx: DiagnosticContext, hierarchical: bool = True) -> None:
+        self.plan = plan
+        self.hierarchical = hierarchical
+        self.graph_module = graph_module
+        self.onnx_model = translation.model  # the unoptimized translation regions are cut from
+        self.program = translation.program
+        self._ctx = ctx
+        self._source = source
+        self._region_graphs: list[RegionGraph] | None = None
+
+    @property
+    def diagnostics(self) -> list[Diagnostic]:
+        return self._ctx.diagnostics
+
+    @property
+    def regions(self) -> list[Region]:
+        return self.plan.regions
+
+    def __repr__(self) -> str:
+        kinds = " ".join(f"{r.name}({len(r.node_names)})" for r in self.regions)
+        return f"{type(self).__name__}({kinds})"
+
+    # ONNX
+    def region_graphs(self) -> list[RegionGraph]:
+        """One standalone, emitted ``onnx_ir`` model per region (built once, then cached)."""
+        if self._region_graphs is None:
+            index = {n: i for i, r in enumerate(self.regions) for n in r.node_names}
+            meta = {n.name: n.meta.get("val") for n in self._source.graph.nodes}
+            graphs = partition(self.onnx_model, [(r.name, r.kind) for r in self.regions],
+                               index, meta.get, self._ctx)
+            _, chains = call_chains(self.program, self._ctx)
+            options = EmitOptions("all" if self.hierarchical else "none")
+            weights = program_weights(self.program)
+            for graph, chain in zip(graphs, region_chains(chains, index, len(graphs)),
+                                    strict=True):
+                with self._ctx.scope(graph.name):
+                    emit_model(graph.model, chain, weights, options, self._ctx)
+            self._region_graphs = graphs
+        return self._region_graphs
+
+    def region_protos(self) -> dict[str, Any]:
+        """Region name -> ``onnx.ModelProto``."""
+        return {g.name: ir.serde.serialize_model(g.model) for g in self.region_graphs()}
+
+    def single_model(self) -> ir.Model:
+        return single_model(self.onnx_model.graph, self.region_graphs())
+
+    def manifest(self) -> dict[str, Any]:
+        """The JSON the runner reads: model I/O, pytree specs, regions in order and their links."""
+        spec = self.program.call_spec
+        return build_manifest(self.onnx_model.graph, self.region_graphs(), kind=self.kind,
+                              in_spec=spec.in_spec, out_spec=spec.out_spec,
+                              fx_nodes={r.name: len(r.node_names) for r in self.regions})
+
+    kind = "split"
+
+    def save(self, directory: str | os.PathLike[str]) -> Path:
+        """``<region>.onnx`` per region, then ``manifest.json`` (written last, atomically)."""
+        return save_parts(directory, self.region_graphs(), self.manifest())
+
+    def save_single(self, path: str | os.PathLike[str]) -> Path:
+        """One ONNX model in which each region is a local function, called in order."""
+        target = Path(path)
+        atomic_write_bytes(target, ir.serde.serialize_model(self.single_model())
+                           .SerializeToString())
+        return target
+
+    def preview(self, console: Any = None) -> None:
+        """Print the operator-support and region tables."""
+        print_preview(self.plan, console)
+
+
+def print_preview(plan: SplitPlan, console: Any = None) -> None:
+    """The support and region tables of a split plan (rich)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    support = Table(title="Operator support")
+    for col in ("operator", "supported", "nodes"):
+        support.add_column(col, justify="right" if col == "nodes" else "left")
+    rows: Iterable[tuple[str, bool, int]] = sorted(
+        [(k, True, v) for k, v in plan.supported_ops.items()]
+        + [(k, False, v) for k, v in plan.unsupported_ops.items()],
+        key=lambda t: (t[1], -t[2], t[0]))
+    for op, ok, count in rows:
+        support.add_row(op, "yes" if ok else "[red]no[/red]", str(count))
+    console.print(support)
+    regions = Table(title="Regions")
+    for col in ("region", "kind", "nodes", "inputs", "outputs", "input bytes", "output bytes"):
+        regions.add_column(col, justify="left" if col in ("region", "kind") else "right")
+    for r in plan.regions:
+        regions.add_row(r.name, r.kind, str(len(r.node_names)), str(len(r.inputs)),
+                        str(len(r.outputs)), str(r.input_bytes), str(r.output_bytes))
+    console.print(regions)
+
+
+def split(model: Any, args: Sequence[Any] = (), *, support: Any, min_acc_module_size: int = 1,
+          max_acc_splits: int = -1, allow_non_tensor: bool = False, skip_fusion: bool = False,
+          kwargs: dict[str, Any] | None = None, opset: int | None = None,
+          hierarchical: bool = True, ctx: DiagnosticContext | None = None) -> SplitResult:
+    """Split ``model`` into alternating accelerator/CPU regions (splitter_base semantics).
+
+    ``support``: an :class:`OperatorSupport`, a callable ``fx.Node -> bool``, an iterable of
+    op names (allow list), ``{"allow": [...], "deny": [...]}`` or ``"ort:<ExecutionProvider>"``.
+    ``max_acc_splits`` > 0 caps the number of regions (acc and CPU, as splitter_base counts).
+    ``hierarchical``: module calls lying wholly in a region become functions of its model.
+    """
+    ctx = ctx or DiagnosticContext()
+    op_support = resolve_support(support)
+    program = capture(model, args, kwargs, ctx=ctx)
+    translation = translate_for_parts(program, opset, ctx)
+    source = translation.program.module()
+    context = SupportContext(fx_to_onnx_nodes(translation.model),
+                             dict(translation.model.opset_imports))
+    split_pass = SplitPass(op_support, context=context, min_acc_module_size=min_acc_module_size,
+                           max_acc_splits=max_acc_splits, allow_non_tensor=allow_non_tensor,
+                           skip_fusion=skip_fusion)
+    result = PassManager([split_pass], ctx)(source).of(SplitPassResult)
+    assert result.plan is not None
+    return SplitResult(result.plan, result.graph_module, translation, source, ctx, hierarchical)

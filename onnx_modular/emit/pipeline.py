@@ -1,0 +1,216 @@
+"""The one emit pipeline: an unoptimized translation -> the ONNX model a user gets.
+
+Every output goes through it: ``om.export`` (hierarchical or flat), ``om.hook``, each split
+region and pipeline stage, and the single-file split. Its steps are onnx_ir passes run in
+one :class:`~onnx_ir.passes.Sequential`, so a failure names the step it happened in:
+
+1. ``FoldWeights``: fold what depends on weights and constants only (``Transpose(weight)``);
+   inside a function the weight is an input and could no longer be folded.
+2. ``Outline``: module calls -> nested local functions; equal bodies share one function.
+3. ``Optimize``: onnxscript's optimizer, each unique body once (never inlined).
+4. ``MergeEqualFunctions``: bodies the optimizer made equal become one function, to a
+   fixpoint (a parent merges once its children have).
+5. ``InlineAll`` (flat output only): every call inlined, labels moved to the actual call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import onnx_ir as ir
+import torch
+
+from onnx_modular.diagnostics import DiagnosticContext, Location, OnnxModularError
+from onnx_modular.emit.inline import RebasingInlinePass
+from onnx_modular.emit.optimize import (
+    finish_inlined,
+    fold_weights,
+    optimize,
+    remove_unused_initializers,
+)
+from onnx_modular.emit.outline import (
+    OutlineReport,
+    Select,
+    Selection,
+    merge_equal_functions,
+    outline,
+    selector,
+)
+from onnx_modular.errors import rules
+from onnx_modular.metadata import CallInfo
+from onnx_modular.passes.infra import PassManager
+from onnx_modular.passes.modularize import Modularize, module_call_chains
+
+Chains = Mapping[str, tuple[CallInfo, ...]]
+
+
+@dataclasses.dataclass(frozen=True)
+class EmitOptions:
+    """What the user asked for: which calls become functions, dedupe, optimization."""
+
+    functions: Any = "all"  # "all" | "none" (flat) | classes, class names or module paths
+    dedupe: bool = True
+    optimize: bool = True
+
+    @property
+    def flat(self) -> bool:
+        return isinstance(self.functions, str) and self.functions == "none"
+
+    def selection(self, ctx: DiagnosticContext) -> Select | None:
+        """The calls to outline; a form ``functions=`` cannot take is one clear error."""
+        try:
+            # flat: outline everything, then inline it (invariant 2: same ops and topology)
+            return selector("all" if self.flat else self.functions)
+        except TypeError as e:
+            raise ctx.error(rules.UNSUPPORTED_INPUT, reason=(
+                "functions= takes 'all', 'none', or an iterable of module classes, class "
+                f"names or module paths, got {self.functions!r}")) from e
+
+
+@dataclasses.dataclass
+class EmitReport:
+    """What the pipeline did: filled by its passes as they run."""
+
+    outline: OutlineReport | None = None
+    graph_module: torch.fx.GraphModule | None = None  # the modularized program, if any
+
+
+# ---- the passes ------------------------------------------------------------------------------
+
+class FoldWeights(ir.passes.InPlacePass):
+    def __init__(self, weights: frozenset[str]) -> None:
+        super().__init__()
+        self.weights = weights
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        fold_weights(model, self.weights)
+        return ir.passes.PassResult(model, modified=True)
+
+
+class Outline(ir.passes.InPlacePass):
+    def __init__(self, chains: Chains, select: Select | None, dedupe: bool,
+                 report: EmitReport) -> None:
+        super().__init__()
+        self.chains, self.select, self.dedupe, self.report = chains, select, dedupe, report
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        self.report.outline = outline(model, self.chains, select=self.select, dedupe=self.dedupe)
+        return ir.passes.PassResult(model, modified=True)
+
+
+class Optimize(ir.passes.InPlacePass):
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        optimize(model)
+        return ir.passes.PassResult(model, modified=True)
+
+
+class MergeEqualFunctions(ir.passes.InPlacePass):
+    def __init__(self, report: EmitReport) -> None:
+        super().__init__()
+        self.report = report
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        merged = merge_equal_functions(model, self.report.outline)
+        return ir.passes.PassResult(model, modified=bool(merged))
+
+
+class InlineAll(ir.passes.InPlacePass):
+    """The flat model: every call inlined; constants shared as initializers again."""
+
+    def __init__(self, optimized: bool) -> None:
+        super().__init__()
+        self.optimized = optimized
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        RebasingInlinePass()(model)
+        if self.optimized:
+            finish_inlined(model)
+        remove_unused_initializers(model.graph)
+        used = {n.domain for n in model.graph.all_nodes()}
+        for domain in list(model.opset_imports):
+            if domain not in ("", "ai.onnx") and domain not in used:
+                model.opset_imports.pop(domain, None)
+        return ir.passes.PassResult(model, modified=True)
+
+
+# ---- running it ------------------------------------------------------------------------------
+
+def emit_model(model: ir.Model, chains: Chains, weights: frozenset[str] | set[str],
+               options: EmitOptions, ctx: DiagnosticContext) -> EmitReport:
+    """Run the pipeline on ``model`` (an unoptimized translation or a part of one), in place.
+
+    ``chains``: FX node name -> its module calls (``module_call_chains``); ``weights``:
+    initializer names of the program's parameters, buffers and lifted constants.
+    """
+    select = options.selection(ctx)
+    report = EmitReport()
+    steps: list[ir.passes.PassBase] = []
+    if options.optimize:
+        steps.append(FoldWeights(frozenset(weights)))
+    if options.optimize or not options.flat:
+        steps.append(Outline(chains, select, options.dedupe, report))
+    if options.optimize:
+        steps.append(Optimize())
+        if options.dedupe and not options.flat:  # flat: everything is inlined right after
+            steps.append(MergeEqualFunctions(report))
+    if options.flat:
+        steps.append(InlineAll(options.optimize))
+    with ctx.scope("Emit"):
+        _run(ir.passes.Sequential(*steps), model, ctx)
+    if isinstance(select, Selection) and select.unmatched():
+        ctx.warn(rules.UNOUTLINED, reason=(
+            f"functions={select.unmatched()} matched no module call (by class, class "
+            "name or module path)"))
+    if report.outline is not None:
+        for call_id in report.outline.skipped:
+            ctx.note(rules.UNOUTLINED, Location(module_path=call_id),
+                     reason=f"module call '{call_id}' has no output used outside it; "
+                     "its nodes stay in the parent")
+        ctx.note(rules.FUNCTION_SUMMARY, functions=report.outline.functions,
+                 calls=report.outline.calls)
+    return report
+
+
+def _run(steps: ir.passes.Sequential, model: ir.Model, ctx: DiagnosticContext) -> None:
+    """Our own errors pass through; anything else names the step it failed in."""
+    try:
+        steps(model)
+    except ir.passes.PassError as e:
+        cause: BaseException | None = e
+        while cause is not None and not isinstance(cause, OnnxModularError):
+            cause = cause.__cause__
+        if isinstance(cause, OnnxModularError):
+            raise cause from e
+        failed = next((type(p).__name__ for p in steps.passes if f"'{p}'" in str(e)), "emit")
+        inner = e.__cause__ or e
+        raise ctx.error(rules.PASS_FAILED, pass_name=failed,
+                        reason=f"{type(inner).__name__}: {inner}") from e
+
+
+def program_weights(program: torch.export.ExportedProgram) -> frozenset[str]:
+    """Initializer names of the program's parameters, buffers and lifted constants."""
+    return frozenset(spec.target for spec in program.graph_signature.input_specs
+                     if spec.target is not None)
+
+
+def call_chains(program: torch.export.ExportedProgram, ctx: DiagnosticContext
+                ) -> tuple[torch.fx.GraphModule, dict[str, tuple[CallInfo, ...]]]:
+    """Modularize the (decomposed) program: the nested GraphModule and each node's calls."""
+    modularize_pass, graph_module = Modularize.for_program(program)
+    result = PassManager([modularize_pass], ctx)(graph_module)
+    return result.graph_module, module_call_chains(result.graph_module)
+
+
+def emit_program(model: ir.Model, program: torch.export.ExportedProgram,
+                 options: EmitOptions, ctx: DiagnosticContext) -> EmitReport:
+    """The pipeline on a whole translation of ``program`` (``om.export``, ``om.hook``)."""
+    options.selection(ctx)  # a bad selection fails before modularizing
+    gm: torch.fx.GraphModule | None = None
+    chains: dict[str, tuple[CallInfo, ...]] = {}
+    if options.optimize or not options.flat:
+        gm, chains = call_chains(program, ctx)
+    report = emit_model(model, chains, program_weights(program), options, ctx)
+    report.graph_module = None if options.flat else gm
+    return report
