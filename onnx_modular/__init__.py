@@ -1,7 +1,6 @@
 """onnx_modular: torch.export -> module hierarchy -> hierarchical ONNX, split and validated."""
 
-__version__ = "0.1.0"
-
+from onnx_modular._version import __version__ as __version__
 from onnx_modular.api.export import ExportResult, export
 from onnx_modular.api.hook import hook
 from onnx_modular.api.split import SplitResult, split

@@ -187,7 +187,7 @@ class DiagnosticContext:
 
 def to_sarif(diagnostics: list[Diagnostic]) -> dict[str, Any]:
     """A SARIF 2.1.0 log with one run; rules are the ones the diagnostics used."""
-    from onnx_modular import __version__
+    from onnx_modular._version import __version__
 
     used: dict[str, Rule] = {}
     for d in diagnostics:

@@ -1,13 +1,16 @@
-"""ONNX Runtime plumbing shared by validate and compare: loading, providers, sessions, errors.
+"""ONNX Runtime plumbing shared by validate, compare and the part runner.
 
-Everything a user can get wrong here (an unreadable file, a provider that is not installed,
-a model ORT rejects) becomes a one-line :class:`OnnxModularError`, never a traceback.
+Loading models, naming and resolving execution providers, creating and running sessions, and
+turning a tensor into a feed: one path for each, so that every ORT session in the package is
+made and fails the same way. Everything a user can get wrong here (an unreadable file, a
+provider that is not installed, a model ORT rejects) becomes a one-line
+:class:`OnnxModularError`, never a traceback. Numerics (tolerances, diffs) live in
+:mod:`onnx_modular.check.numerics`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import time
 from collections.abc import Sequence
@@ -17,8 +20,8 @@ from typing import Any
 import numpy as np
 import onnx
 
-from onnx_modular.diagnostics import DiagnosticContext, OnnxModularError
-from onnx_modular.errors import rules
+from onnx_modular.diagnostics import OnnxModularError
+from onnx_modular.errors import fail, rules
 
 #: Short names users type on the command line.
 PROVIDER_ALIASES = {
@@ -37,10 +40,6 @@ def provider_name(short: str) -> str:
     return name if name.endswith("ExecutionProvider") else name + "ExecutionProvider"
 
 
-def _fail(reason: str, rule: Any = rules.BAD_INPUT) -> OnnxModularError:
-    return DiagnosticContext().error(rule, reason=reason)
-
-
 class ProviderUnavailableError(OnnxModularError):
     """An execution provider that ONNX Runtime lists but cannot start (no GPU, no driver).
 
@@ -49,7 +48,8 @@ class ProviderUnavailableError(OnnxModularError):
     """
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message, short enough for a one-line error."""
     text = str(exc).strip() or type(exc).__name__
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     line = lines[0] if lines else text
@@ -127,24 +127,25 @@ def load_model(onnx_model: Any, what: str = "ONNX model") -> LoadedModel:
     if isinstance(onnx_model, (str, os.PathLike)):
         path = Path(onnx_model)
         if path.is_dir():
-            raise _fail(f"cannot read {what} '{path}': it is a directory, not an ONNX file")
+            raise fail(f"cannot read {what} '{path}': it is a directory, not an ONNX file")
         if not path.is_file():
-            raise _fail(f"cannot read {what} '{path}': no such file")
+            raise fail(f"cannot read {what} '{path}': no such file")
         try:
             proto = onnx.load(str(path))
         except Exception as exc:  # DecodeError, missing external data, ...
-            raise _fail(f"cannot read {what} '{path}': not a valid ONNX file "
-                        f"({_first_line(exc)})") from None
+            raise fail(f"cannot read {what} '{path}': not a valid ONNX file "
+                       f"({first_line(exc)})") from exc
         if not proto.graph.node and not proto.graph.output:
-            raise _fail(f"cannot read {what} '{path}': the file holds no ONNX graph")
+            raise fail(f"cannot read {what} '{path}': the file holds no ONNX graph")
         return LoadedModel(proto, str(path), path)
-    raise _fail(f"{what} must be a path, an onnx.ModelProto or an export result with "
-                f".model_proto, got {type(onnx_model).__name__}")
+    raise fail(f"{what} must be a path, an onnx.ModelProto or an export result with "
+               f".model_proto, got {type(onnx_model).__name__}")
 
 
 # ---- providers and sessions ----------------------------------------------------------------
 
 def available_providers() -> list[str]:
+    """What this onnxruntime lists (a listed GPU provider may still fail to start)."""
     import onnxruntime as ort
 
     return list(ort.get_available_providers())
@@ -163,12 +164,12 @@ def resolve_providers(providers: str | Sequence[str] | None) -> list[str]:
         if name not in available:
             hint = (" (it needs the onnxruntime-gpu package and a CUDA GPU)"
                     if name == "CUDAExecutionProvider" else "")
-            raise _fail(f"execution provider '{p}' is not available{hint}; "
-                        f"available: {', '.join(available)}")
+            raise fail(f"execution provider '{p}' is not available{hint}; "
+                       f"available: {', '.join(available)}")
         if name not in resolved:
             resolved.append(name)
     if not resolved:
-        raise _fail("no execution provider given")
+        raise fail("no execution provider given")
     return resolved
 
 
@@ -181,29 +182,41 @@ def unavailable_defaults(chosen: Sequence[str]) -> dict[str, str]:
 
 
 def short_provider(name: str) -> str:
+    """``CUDAExecutionProvider`` -> ``CUDA``, for tables and messages."""
     return name.removesuffix("ExecutionProvider")
 
 
-def make_session(source: str | bytes, provider: str,
-                 config: dict[str, str] | None = None) -> tuple[Any, float]:
-    """An ORT session on one provider (CPU as fallback for nodes it lacks) and its build time."""
+def make_session(source: str | bytes, providers: str | Sequence[str],
+                 config: dict[str, str] | None = None,
+                 what: str = "the model") -> tuple[Any, float]:
+    """An ORT session and its build time: the one way the package creates sessions.
+
+    ``providers``: one provider (CPU is added as fallback for nodes it lacks) or the whole
+    chain. The first one must come up: ORT falls back to CPU silently when a listed GPU
+    provider cannot start, and a check on CUDA that ran on CPU would prove nothing.
+    """
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
     for key, value in (config or {}).items():
         options.add_session_config_entry(key, value)
-    chain = [provider] if provider == "CPUExecutionProvider" else [provider, "CPUExecutionProvider"]
+    if isinstance(providers, str):
+        chain = [providers] if providers == "CPUExecutionProvider" else [
+            providers, "CPUExecutionProvider"]
+    else:
+        chain = list(providers)
+    primary = chain[0]
     start = time.perf_counter()
     try:
         session = ort.InferenceSession(source, options, providers=chain)
     except Exception as exc:
-        raise _fail(f"ONNX Runtime cannot load the model on {short_provider(provider)}: "
-                    f"{_first_line(exc)}", rules.VALIDATION) from None
+        raise fail(f"ONNX Runtime cannot load {what} on {short_provider(primary)}: "
+                   f"{first_line(exc)}", rules.VALIDATION) from exc
     elapsed = time.perf_counter() - start
-    if provider not in session.get_providers():
-        raise ProviderUnavailableError(_fail(
-            f"{provider} could not be initialized (ONNX Runtime fell back to "
+    if primary not in session.get_providers():
+        raise ProviderUnavailableError(fail(
+            f"{primary} could not be initialized (ONNX Runtime fell back to "
             f"{', '.join(session.get_providers())}); check the GPU, CUDA and cuDNN install",
             rules.VALIDATION).diagnostic)
     return session, elapsed
@@ -211,109 +224,32 @@ def make_session(source: str | bytes, provider: str,
 
 def run_session(session: Any, feeds: dict[str, np.ndarray],
                 output_names: list[str] | None = None) -> tuple[list[np.ndarray], float]:
+    """The outputs and the run time; an ORT failure becomes a one-line error."""
     start = time.perf_counter()
     try:
         outputs = session.run(output_names, feeds)
     except Exception as exc:
-        raise _fail(f"ONNX Runtime failed to run the model: {_first_line(exc)}",
-                    rules.VALIDATION) from None
+        raise fail(f"ONNX Runtime failed to run the model: {first_line(exc)}",
+                   rules.VALIDATION) from exc
     return outputs, time.perf_counter() - start
 
 
-# ---- dtypes and tolerances -----------------------------------------------------------------
+# ---- feeds -----------------------------------------------------------------------------------
 
-#: (rtol, atol) by ONNX element type name; integers and bool compare exactly.
-DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
-    "float64": (1e-7, 1e-7),
-    "float32": (1e-4, 1e-4),
-    "float16": (1e-2, 1e-3),
-    "bfloat16": (1.6e-2, 1e-2),
-}
+def to_feed(value: Any) -> np.ndarray:
+    """A tensor or array as the C-contiguous numpy array ORT takes, dtype kept.
 
+    The one conversion of inputs for every session: bfloat16 goes through ml_dtypes (numpy
+    has no bfloat16), and torch is never imported for numpy inputs.
+    """
+    if hasattr(value, "detach"):  # a torch tensor
+        import torch
 
-def is_float(dtype_name: str) -> bool:
-    return dtype_name in DEFAULT_TOLERANCES or dtype_name.startswith("float8")
+        t = value.detach().cpu().resolve_conj().resolve_neg().contiguous()
+        if t.dtype == torch.bfloat16:
+            import ml_dtypes
 
-
-def tolerances_for(dtype_name: str, rtol: float | None, atol: float | None) -> tuple[float, float]:
-    """User values apply to floating outputs; integers and bool are always exact."""
-    if not is_float(dtype_name):
-        return 0.0, 0.0
-    d_rtol, d_atol = DEFAULT_TOLERANCES.get(dtype_name, (1.6e-2, 1e-2))
-    return (d_rtol if rtol is None else rtol), (d_atol if atol is None else atol)
-
-
-def dtype_name(array: np.ndarray) -> str:
-    return "bool" if array.dtype == np.bool_ else str(array.dtype)
-
-
-def onnx_elem_name(elem_type: int) -> str:
-    try:
-        np_type = onnx.helper.tensor_dtype_to_np_dtype(elem_type)
-    except Exception:
-        return onnx.TensorProto.DataType.Name(elem_type).lower()
-    return "bool" if np_type == np.bool_ else str(np.dtype(np_type))
-
-
-@dataclasses.dataclass
-class Diff:
-    """How far ``actual`` is from ``expected``; ``ok`` is an allclose with NaN == NaN."""
-
-    max_abs: float
-    max_rel: float
-    ok: bool
-    mismatched: int = 0
-    note: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"max_abs_err": _json_float(self.max_abs), "max_rel_err": _json_float(self.max_rel),
-                "ok": self.ok, "mismatched": self.mismatched, "note": self.note}
-
-
-def _json_float(x: float) -> float | str:
-    return x if math.isfinite(x) else str(x)
-
-
-def diff(actual: np.ndarray, expected: np.ndarray, rtol: float, atol: float) -> Diff:
-    """Max abs and rel error (rel over ``max(|expected|, atol)``), and pass/fail."""
-    actual, expected = np.asarray(actual), np.asarray(expected)
-    if actual.shape != expected.shape:
-        return Diff(math.inf, math.inf, False, int(expected.size),
-                    f"shape {list(actual.shape)} != expected {list(expected.shape)}")
-    if actual.size == 0:
-        return Diff(0.0, 0.0, True)
-    fast = _diff_finite(actual, expected, rtol, atol)
-    if fast is not None:
-        return fast
-    a = actual.astype(np.float64)
-    e = expected.astype(np.float64)
-    both_nan = np.isnan(a) & np.isnan(e)
-    same_inf = np.isinf(a) & np.isinf(e) & (np.sign(a) == np.sign(e))
-    with np.errstate(invalid="ignore", over="ignore"):
-        err = np.abs(a - e)
-        err = np.where(both_nan | same_inf, 0.0, err)
-        err = np.where(np.isnan(err), np.inf, err)
-        bad = err > atol + rtol * np.abs(e)
-        rel = err / np.maximum(np.abs(e), max(atol, np.finfo(np.float64).tiny))
-    mismatched = int(np.count_nonzero(bad))
-    return Diff(float(err.max()), float(np.nan_to_num(rel, nan=np.inf).max()),
-                mismatched == 0, mismatched)
-
-
-def _diff_finite(actual: np.ndarray, expected: np.ndarray, rtol: float,
-                 atol: float) -> Diff | None:
-    """The common case in the arrays' own float type; None when NaN or inf is involved."""
-    if actual.dtype != expected.dtype or actual.dtype not in (np.float32, np.float64):
-        return None
-    with np.errstate(invalid="ignore", over="ignore"):
-        err = np.abs(actual - expected)
-        max_abs = float(err.max())
-        if not math.isfinite(max_abs):
-            return None
-        scale = np.abs(expected)
-        limit = scale * rtol
-        limit += atol
-        mismatched = int(np.count_nonzero(err > limit))
-        np.maximum(scale, max(atol, np.finfo(actual.dtype).tiny), out=scale)
-        max_rel = float((err / scale).max())
-    return Diff(max_abs, max_rel, mismatched == 0, mismatched)
+            return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        return t.numpy()
+    array = np.asarray(value)
+    return array if array.flags.c_contiguous else np.ascontiguousarray(array)

@@ -1,4 +1,4 @@
-"""compare(): structure after inlining, numerics on the same inputs, exit codes 0/1/2."""
+"""compare(): structure after inlining, numerics on the same inputs, reports and errors."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from onnx import TensorProto, helper
 from rich.console import Console
 
 import onnx_modular as om
-from onnx_modular.check.compare import random_inputs, run_compare, topology_hash
+from onnx_modular.check.compare import topology_hash
+from onnx_modular.check.inputs import random_inputs
 
 
 @pytest.fixture(scope="module")
@@ -46,11 +47,14 @@ def test_hierarchical_and_flat_twin_are_equivalent(twins, tmp_path):
     assert "EQUIVALENT" in str(rep)
     rep.save(tmp_path / "c.md")
     assert "EQUIVALENT" in (tmp_path / "c.md").read_text()
-    # paths and export results work as well as ModelProtos; exit code 0 from the CLI helper
+    # paths work as well as ModelProtos; the report prints and saves as JSON
     onnx.save(hier, tmp_path / "h.onnx")
-    console, _ = _console()
-    assert run_compare(tmp_path / "h.onnx", flat, console=console,
-                       report=tmp_path / "c.json") == 0
+    console, out = _console()
+    rep = om.compare(tmp_path / "h.onnx", flat)
+    assert rep.equivalent and rep.exit_code == 0 and rep.a.label.endswith("h.onnx")
+    console.print(rep)
+    assert "EQUIVALENT" in out.getvalue()
+    rep.save(tmp_path / "c.json")
     assert json.loads((tmp_path / "c.json").read_text())["equivalent"] is True
 
 
@@ -63,26 +67,24 @@ def test_altered_model_differs(twins):
     assert not rep.same_structure
     assert rep.a.op_histogram["Sub"] == 1 and rep.a.op_histogram["Add"] == 2
     assert "DIFFERENT" in rep.summary()
-    console, _ = _console()
-    assert run_compare(flat, altered, console=console) == 1
+    assert om.compare(flat, altered).exit_code == 1
     # a weight change keeps the structure but not the numbers
     scaled = hand_hier.hierarchical(model, weight_scale={2: 1.01})
     rep = om.compare(hier, scaled)
     assert rep.same_structure and not rep.equivalent
 
 
-def test_corrupt_and_missing_files_exit_2(twins, tmp_path):
+def test_corrupt_and_missing_files_are_one_line_errors(twins, tmp_path):
     hier, _ = twins
     corrupt = tmp_path / "corrupt.onnx"
     corrupt.write_bytes(b"\x08\x07not an onnx file" * 16)
-    console, out = _console()
-    assert run_compare(hier, corrupt, console=console) == 2
-    assert run_compare(tmp_path / "missing.onnx", hier, console=console) == 2
-    text = out.getvalue()
-    assert "corrupt.onnx" in text and "missing.onnx" in text and "Traceback" not in text
     with pytest.raises(om.OnnxModularError) as e:
         om.compare(hier, corrupt)
-    assert "\n" not in str(e.value)
+    assert "corrupt.onnx" in str(e.value) and "\n" not in str(e.value)
+    assert e.value.__cause__ is not None  # the cause is kept for --debug
+    with pytest.raises(om.OnnxModularError) as e:
+        om.compare(tmp_path / "missing.onnx", hier)
+    assert "missing.onnx" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_signature_mismatch_and_given_inputs(twins):
@@ -144,10 +146,9 @@ def test_om_export_hierarchical_vs_flat(export_twins, tmp_path):
     rep = om.compare(hier, flat)
     assert rep.equivalent, rep.summary()
     assert rep.a.nodes < rep.b.nodes  # shared bodies are stored once
-    console, _ = _console()
     onnx.save(hier, tmp_path / "h.onnx")
     onnx.save(flat, tmp_path / "f.onnx")
-    assert run_compare(tmp_path / "h.onnx", tmp_path / "f.onnx", console=console) == 0
+    assert om.compare(tmp_path / "h.onnx", tmp_path / "f.onnx").exit_code == 0
     # alter one of them: a Gemm inside the (shared) Conv1D body scales its result
     altered = onnx.ModelProto()
     altered.CopyFrom(hier)
@@ -155,9 +156,10 @@ def test_om_export_hierarchical_vs_flat(export_twins, tmp_path):
     next(n for n in conv.node if n.op_type == "Gemm").attribute.append(
         helper.make_attribute("alpha", 1.01))
     onnx.save(altered, tmp_path / "a.onnx")
-    assert run_compare(tmp_path / "a.onnx", tmp_path / "f.onnx", console=console) == 1
+    assert om.compare(tmp_path / "a.onnx", tmp_path / "f.onnx").exit_code == 1
     (tmp_path / "c.onnx").write_bytes((tmp_path / "h.onnx").read_bytes()[:100])
-    assert run_compare(tmp_path / "c.onnx", tmp_path / "f.onnx", console=console) == 2
+    with pytest.raises(om.OnnxModularError, match="c.onnx"):
+        om.compare(tmp_path / "c.onnx", tmp_path / "f.onnx")
 
 
 def test_topology_hash_folds_constants_and_identities():

@@ -15,8 +15,8 @@ from torch import nn
 
 import onnx_modular as om
 from onnx_modular import runtime as _ort
+from onnx_modular.check import numerics
 from onnx_modular.check.localize import build_probe
-from onnx_modular.check.validate import run_validate
 
 HAS_CUDA = "CUDAExecutionProvider" in _ort.available_providers()
 NO_CUDA = "needs onnxruntime-gpu with the CUDAExecutionProvider and a CUDA GPU"
@@ -333,7 +333,7 @@ def test_unreadable_models(stack, tmp_path):
         om.validate(model, args, 42)
 
 
-def test_providers_and_exit_codes(stack, tmp_path):
+def test_providers_and_reports(stack, tmp_path):
     model, args, proto = stack
     assert _ort.resolve_providers("cpu") == ["CPUExecutionProvider"]
     assert _ort.resolve_providers(["CPU", "CPUExecutionProvider"]) == ["CPUExecutionProvider"]
@@ -348,26 +348,31 @@ def test_providers_and_exit_codes(stack, tmp_path):
 
     out = StringIO()
     console = Console(file=out, width=120)
-    assert run_validate(model, args, proto, providers="cpu", console=console,
-                        report=tmp_path / "ok.json") == 0
+    rep = om.validate(model, args, proto, providers="cpu")
+    assert rep.ok
+    console.print(rep)
+    rep.save(tmp_path / "ok.json")
     bad = _scale_initializer(proto, "layers.1.fc.weight", 1.5)
-    assert run_validate(model, args, bad, providers="cpu", console=console) == 1
-    assert run_validate(model, args, tmp_path / "nope.onnx", console=console) == 2
-    assert "layers.1.fc" in out.getvalue() and "no such file" in out.getvalue()
+    rep = om.validate(model, args, bad, providers="cpu")
+    assert not rep.ok and rep.first_mismatch == "layers.1.fc"
+    console.print(rep)
+    assert "layers.1.fc" in out.getvalue() and "MISMATCH" in out.getvalue()
+    with pytest.raises(om.OnnxModularError, match="no such file"):
+        om.validate(model, args, tmp_path / "nope.onnx")
     assert json.loads((tmp_path / "ok.json").read_text())["ok"] is True
 
 
 def test_tolerances_by_dtype():
-    assert _ort.tolerances_for("float32", None, None) == (1e-4, 1e-4)
-    assert _ort.tolerances_for("float16", None, None) == (1e-2, 1e-3)
-    assert _ort.tolerances_for("bfloat16", None, None) == (1.6e-2, 1e-2)
-    assert _ort.tolerances_for("int64", 1.0, 1.0) == (0.0, 0.0)
-    assert _ort.tolerances_for("bool", None, None) == (0.0, 0.0)
-    assert _ort.tolerances_for("float32", 1e-2, None) == (1e-2, 1e-4)
-    d = _ort.diff(np.array([1.0, np.nan]), np.array([1.0 + 1e-5, np.nan]), 1e-4, 1e-4)
+    assert numerics.tolerances_for("float32", None, None) == (1e-4, 1e-4)
+    assert numerics.tolerances_for("float16", None, None) == (1e-2, 1e-3)
+    assert numerics.tolerances_for("bfloat16", None, None) == (1.6e-2, 1e-2)
+    assert numerics.tolerances_for("int64", 1.0, 1.0) == (0.0, 0.0)
+    assert numerics.tolerances_for("bool", None, None) == (0.0, 0.0)
+    assert numerics.tolerances_for("float32", 1e-2, None) == (1e-2, 1e-4)
+    d = numerics.diff(np.array([1.0, np.nan]), np.array([1.0 + 1e-5, np.nan]), 1e-4, 1e-4)
     assert d.ok and d.max_abs == pytest.approx(1e-5)
-    assert not _ort.diff(np.array([1, 2]), np.array([1, 3]), 0, 0).ok
-    assert not _ort.diff(np.zeros(3), np.zeros(4), 1, 1).ok
+    assert not numerics.diff(np.array([1, 2]), np.array([1, 3]), 0, 0).ok
+    assert not numerics.diff(np.zeros(3), np.zeros(4), 1, 1).ok
 
 
 def test_float16_model_and_user_tolerance():

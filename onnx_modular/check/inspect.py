@@ -11,7 +11,8 @@ import onnx
 from rich.table import Table
 from rich.tree import Tree
 
-from onnx_modular.cli.loading import user_error
+from onnx_modular import runtime
+from onnx_modular.errors import fail
 from onnx_modular.metadata import META_PATH
 
 
@@ -19,16 +20,17 @@ def load_onnx(path: str | os.PathLike[str], load_external_data: bool = True) -> 
     """Load with a one-line error for a missing, unreadable or corrupt file."""
     file = Path(path)
     if file.is_dir():
-        raise user_error(f"'{file}' is a directory, not an ONNX file")
+        raise fail(f"'{file}' is a directory, not an ONNX file")
     if not file.is_file():
-        raise user_error(f"no such ONNX file: '{file}'")
+        raise fail(f"no such ONNX file: '{file}'")
     try:
         model = onnx.load(str(file), load_external_data=load_external_data)
     except Exception as e:  # protobuf raises DecodeError and others for corrupt files
-        raise user_error(f"'{file}' is not a readable ONNX model: {type(e).__name__}: {e}") from e
+        raise fail(f"'{file}' is not a readable ONNX model: {type(e).__name__}: "
+                   f"{runtime.first_line(e)}") from e
     if not model.graph.node and not model.graph.output and not model.functions:
         # protobuf parses an empty (or all-zero-field) file as an empty model
-        raise user_error(f"'{path}' holds no ONNX graph (an empty or truncated file?)")
+        raise fail(f"'{path}' holds no ONNX graph (an empty or truncated file?)")
     return model
 
 

@@ -33,9 +33,9 @@ import onnx
 import onnx_ir as ir
 import torch
 
-from onnx_modular import runtime as _ort
 from onnx_modular._compat import ObservedInlinePass, tensor_version, tree_leaves
 from onnx_modular.check import wire as _wire
+from onnx_modular.check.numerics import Diff, check_value, json_float
 from onnx_modular.emit.inline import RebasingInlinePass
 from onnx_modular.metadata import CLASS_HIERARCHY, META_CALL, META_PATH, META_TYPE, NAME_SCOPES
 
@@ -488,8 +488,8 @@ class ModuleDivergence:
         return {"module_path": self.module_path, "call_id": self.call_id,
                 "module_type": self.module_type, "depth": self.depth, "output": self.output,
                 "inherited": self.inherited,
-                "max_abs_err": _ort._json_float(self.max_abs),
-                "max_rel_err": _ort._json_float(self.max_rel), "mismatched": self.mismatched}
+                "max_abs_err": json_float(self.max_abs),
+                "max_rel_err": json_float(self.max_rel), "mismatched": self.mismatched}
 
 
 @dataclasses.dataclass
@@ -508,26 +508,14 @@ class Localization:
                 "divergences": [d.to_dict() for d in self.divergences], "note": self.note}
 
 
-def to_numpy(t: torch.Tensor) -> np.ndarray:
-    t = t.detach().cpu()
-    if t.dtype == torch.bfloat16:
-        return t.float().numpy()
-    return t.resolve_conj().resolve_neg().numpy()
-
-
-def _dtype_of(t: torch.Tensor) -> str:
-    return str(t.dtype).removeprefix("torch.")
-
-
 def _closest(actual: np.ndarray, candidates: list[torch.Tensor], rtol: float | None,
-             atol: float | None) -> _ort.Diff | None:
+             atol: float | None) -> Diff | None:
     """The diff to the nearest same-shape torch tensor; None when none has the shape."""
-    best: _ort.Diff | None = None
+    best: Diff | None = None
     for t in candidates:
         if tuple(t.shape) != actual.shape:
             continue
-        r, a = _ort.tolerances_for(_dtype_of(t), rtol, atol)
-        d = _ort.diff(actual, to_numpy(t), r, a)
+        d = check_value(actual, t, rtol, atol, same_dtype=False).diff
         if best is None or (d.ok, -d.max_abs) > (best.ok, -best.max_abs):
             best = d
     return best
@@ -542,7 +530,7 @@ def _inputs_diverge(call: OnnxCall, tcall: TorchCall, values: dict[str, np.ndarr
     """
     arrays = [values[n] for n in call.inputs if n in values]
     for t in tcall.intact_inputs():
-        best: _ort.Diff | None = None
+        best: Diff | None = None
         for actual in arrays:
             d = _closest(actual, [t], rtol, atol)
             if d is not None and (best is None or (d.ok, -d.max_abs) > (best.ok, -best.max_abs)):
@@ -570,7 +558,7 @@ def judge(
     checked = 0
     for k, j in mapping.items():
         call, tcall = probe.calls[k], torch_calls[j]
-        bad: list[tuple[int, str, _ort.Diff]] = []
+        bad: list[tuple[int, str, Diff]] = []
         compared = False
         outputs = tcall.intact_outputs()
         for name in call.outputs:

@@ -1,4 +1,4 @@
-"""What every report shares: plain-text and HTML rendering, and atomic saving by suffix."""
+"""What every report shares: plain-text, Markdown and HTML rendering, atomic saving by suffix."""
 
 from __future__ import annotations
 
@@ -7,8 +7,14 @@ from pathlib import Path
 from typing import Any
 
 from onnx_modular._io import atomic_write_text
-from onnx_modular.diagnostics import DiagnosticContext
-from onnx_modular.errors import rules
+from onnx_modular.errors import fail
+
+
+def md_table(head: list[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table's lines; ``|`` inside a cell is escaped."""
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
+    return out
 
 
 class _NullIO:
@@ -59,10 +65,8 @@ class Report:
         elif suffix in (".html", ".htm"):
             text = self._recorded(color=True).export_html()
         else:
-            raise DiagnosticContext().error(rules.BAD_INPUT, reason=(
-                f"cannot write report '{path}': use a .json, .md or .html file name"))
+            raise fail(f"cannot write report '{path}': use a .json, .md or .html file name")
         try:
             atomic_write_text(path, text)
         except OSError as exc:
-            raise DiagnosticContext().error(rules.BAD_INPUT, reason=(
-                f"cannot write report '{path}': {exc}")) from None
+            raise fail(f"cannot write report '{path}': {exc}") from exc

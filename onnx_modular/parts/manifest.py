@@ -29,16 +29,11 @@ from typing import Any
 import onnx_ir as ir
 
 from onnx_modular._io import atomic_write_bytes, atomic_write_text
-from onnx_modular.diagnostics import DiagnosticContext, OnnxModularError
-from onnx_modular.errors import rules
+from onnx_modular.errors import fail
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "onnx_modular.parts"
 MANIFEST_VERSION = 1
-
-
-def _fail(reason: str) -> OnnxModularError:
-    return DiagnosticContext().error(rules.BAD_INPUT, reason=reason)
 
 
 def dtype_name(value: ir.Value) -> str | None:
@@ -111,7 +106,7 @@ def save_parts(directory: str | os.PathLike[str], parts: Sequence[Any],
     """Write each part's model, then the manifest; every file lands whole (temp, rename)."""
     out = Path(directory)
     if out.exists() and not out.is_dir():
-        raise _fail(f"cannot write parts to '{out}': it is a file, not a directory")
+        raise fail(f"cannot write parts to '{out}': it is a file, not a directory")
     out.mkdir(parents=True, exist_ok=True)
     for part in parts:
         proto = ir.serde.serialize_model(part.model)
@@ -124,17 +119,17 @@ def load_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and check ``manifest.json`` of a parts directory."""
     path = Path(directory) / MANIFEST
     if not path.is_file():
-        raise _fail(f"'{directory}' holds no {MANIFEST}; write it with .save(directory)")
+        raise fail(f"'{directory}' holds no {MANIFEST}; write it with .save(directory)")
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
-        raise _fail(f"cannot read '{path}': invalid JSON ({e.msg})") from None
+        raise fail(f"cannot read '{path}': invalid JSON ({e.msg})") from e
     if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
-        raise _fail(f"'{path}' is not an onnx_modular parts manifest")
+        raise fail(f"'{path}' is not an onnx_modular parts manifest")
     if manifest.get("version", 0) > MANIFEST_VERSION:
-        raise _fail(f"'{path}' has manifest version {manifest.get('version')}; this "
-                    f"onnx_modular reads up to {MANIFEST_VERSION}")
+        raise fail(f"'{path}' has manifest version {manifest.get('version')}; this "
+                   f"onnx_modular reads up to {MANIFEST_VERSION}")
     parts = manifest.get("regions")
     if not isinstance(parts, list) or not parts:
-        raise _fail(f"'{path}' lists no regions")
+        raise fail(f"'{path}' lists no regions")
     return manifest

@@ -15,15 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
-from onnx_modular.diagnostics import DiagnosticContext, OnnxModularError
-from onnx_modular.errors import rules
+from onnx_modular import _compat, runtime
+from onnx_modular.errors import fail, rules
 from onnx_modular.parts.manifest import load_manifest
-from onnx_modular.runtime import available_providers, resolve_providers
-
-
-def _fail(reason: str, rule: Any = rules.BAD_INPUT) -> OnnxModularError:
-    return DiagnosticContext().error(rule, reason=reason)
 
 
 def _device_of(providers: Sequence[str]) -> str:
@@ -39,16 +35,14 @@ class SplitRunner:
         self.directory = Path(directory)
         self.manifest: dict[str, Any] = load_manifest(self.directory)
         self.parts: list[dict[str, Any]] = self.manifest["regions"]
-        if acc_providers is None:
-            acc = ["CUDAExecutionProvider"] if "CUDAExecutionProvider" in \
-                available_providers() else ["CPUExecutionProvider"]
-        else:
-            acc = resolve_providers(acc_providers)
+        # None: CUDA where this onnxruntime has it, else CPU (with CPU as fallback either way)
+        acc = runtime.resolve_providers(acc_providers)
         if acc[0] != "CPUExecutionProvider" and "CPUExecutionProvider" not in acc:
             acc = [*acc, "CPUExecutionProvider"]
         self.acc_providers = acc
+        self._acc_defaulted = acc_providers is None
         self.cpu_providers = (["CPUExecutionProvider"] if cpu_providers is None
-                              else resolve_providers(cpu_providers))
+                              else runtime.resolve_providers(cpu_providers))
         self._sessions: dict[str, Any] = {}
 
     def providers_of(self, part: dict[str, Any]) -> list[str]:
@@ -56,39 +50,35 @@ class SplitRunner:
 
     def session(self, part: dict[str, Any]) -> Any:
         """The ORT session of one part (created on first use)."""
-        import onnxruntime as ort
-
         name = part["name"]
         if name not in self._sessions:
             file = self.directory / part["file"]
             if not file.is_file():
-                raise _fail(f"part '{name}' of '{self.directory}' is missing its file "
-                            f"'{part['file']}'")
-            options = ort.SessionOptions()
-            options.log_severity_level = 3
+                raise fail(f"part '{name}' of '{self.directory}' is missing its file "
+                           f"'{part['file']}'")
             try:
-                self._sessions[name] = ort.InferenceSession(
-                    str(file), options, providers=self.providers_of(part))
-            except Exception as e:
-                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-                raise _fail(f"ONNX Runtime cannot load part '{name}': {first}",
-                            rules.VALIDATION) from None
+                session, _ = runtime.make_session(str(file), self.providers_of(part),
+                                                  what=f"part '{name}'")
+            except runtime.ProviderUnavailableError:
+                # onnxruntime-gpu lists CUDA even where no GPU or driver is present: the
+                # default acc provider then is CPU; an explicit request stays an error
+                if not self._acc_defaulted or part.get("kind") == "cpu":
+                    raise
+                self.acc_providers = ["CPUExecutionProvider"]
+                session, _ = runtime.make_session(str(file), self.providers_of(part),
+                                                  what=f"part '{name}'")
+            self._sessions[name] = session
         return self._sessions[name]
 
     # inputs and outputs
     def _flat_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
         declared = self.manifest.get("inputs", [])
         kwargs = self._ordered_kwargs(kwargs)
-        try:
-            from onnx_modular import _compat as pytree
-
-            leaves = pytree.tree_leaves((args, kwargs))
-        except ImportError:
-            leaves = [*args, *kwargs.values()]
+        leaves = _compat.tree_leaves((args, kwargs))
         arrays = [x for x in leaves if _is_array(x)]
         if len(arrays) != len(declared):
-            raise _fail(f"the model takes {len(declared)} tensor input(s) "
-                        f"({', '.join(d['name'] for d in declared)}), got {len(arrays)}")
+            raise fail(f"the model takes {len(declared)} tensor input(s) "
+                       f"({', '.join(d['name'] for d in declared)}), got {len(arrays)}")
         return arrays
 
     def _ordered_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -97,33 +87,28 @@ class SplitRunner:
         if not kwargs or not self.manifest.get("in_spec"):
             return kwargs
         try:
-            from onnx_modular import _compat as pytree
-
-            spec = pytree.treespec_loads(self.manifest["in_spec"])
+            spec = _compat.treespec_loads(self.manifest["in_spec"])
             kw_spec = spec.child(1) if spec.type is tuple and \
                 spec.num_children == 2 else None
-        except Exception:  # no torch, or a spec pytree cannot read: keep the caller's order
+        except Exception:  # a spec pytree cannot read: keep the caller's order
             return kwargs
         if kw_spec is None or kw_spec.type is not dict:
             return kwargs
         expected = list(kw_spec.context)
         if set(kwargs) != set(expected):
-            raise _fail(f"the model was captured with keyword input(s) "
-                        f"{', '.join(expected) or 'none'}; got {', '.join(kwargs)}")
+            raise fail(f"the model was captured with keyword input(s) "
+                       f"{', '.join(expected) or 'none'}; got {', '.join(kwargs)}")
         return {k: kwargs[k] for k in expected}
 
     def _structure(self, flat: list[Any], as_torch: bool) -> Any:
-        if as_torch:
-            import torch
-
-            flat = [torch.from_numpy(np.ascontiguousarray(x)) for x in flat]
+        if as_torch:  # (np.ascontiguousarray would make a 0-d output 1-d)
+            flat = [torch.from_numpy(x if x.flags.c_contiguous else np.ascontiguousarray(x))
+                    for x in flat]
         spec_text = self.manifest.get("out_spec")
         if spec_text:
             try:
-                from onnx_modular import _compat as pytree
-
-                return pytree.tree_unflatten(flat, pytree.treespec_loads(spec_text))
-            except Exception:
+                return _compat.tree_unflatten(flat, _compat.treespec_loads(spec_text))
+            except Exception:  # a spec pytree cannot read: the flat outputs
                 pass
         return flat[0] if len(flat) == 1 else tuple(flat)
 
@@ -135,7 +120,7 @@ class SplitRunner:
         as_torch = any(type(x).__module__.startswith("torch") for x in arrays)
         env: dict[str, Any] = {}
         for decl, value in zip(self.manifest["inputs"], arrays):
-            env[decl["name"]] = ort.OrtValue.ortvalue_from_numpy(_to_numpy(value))
+            env[decl["name"]] = ort.OrtValue.ortvalue_from_numpy(runtime.to_feed(value))
         for part in self.parts:
             if not part.get("outputs"):
                 continue  # a part whose result nobody reads (only checks): nothing to run
@@ -145,8 +130,8 @@ class SplitRunner:
             for entry in session.get_inputs():
                 value = env.get(entry.name)
                 if value is None:
-                    raise _fail(f"part '{part['name']}' reads '{entry.name}', which no earlier "
-                                "part produces", rules.VALIDATION)
+                    raise fail(f"part '{part['name']}' reads '{entry.name}', which no earlier "
+                               "part produces", rules.VALIDATION)
                 if device == "cpu" and value.device_name().lower() != "cpu":
                     value = ort.OrtValue.ortvalue_from_numpy(value.numpy())
                 binding.bind_ortvalue_input(entry.name, value)
@@ -155,16 +140,15 @@ class SplitRunner:
             try:
                 session.run_with_iobinding(binding)
             except Exception as e:
-                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-                raise _fail(f"part '{part['name']}' failed in ONNX Runtime: {first}",
-                            rules.VALIDATION) from None
+                raise fail(f"part '{part['name']}' failed in ONNX Runtime: "
+                           f"{runtime.first_line(e)}", rules.VALIDATION) from e
             for entry, value in zip(session.get_outputs(), binding.get_outputs()):
                 env[entry.name] = value
         flat = []
         for out in self.manifest["outputs"]:
             if out["name"] not in env:
-                raise _fail(f"no part produces the model output '{out['name']}'",
-                            rules.VALIDATION)
+                raise fail(f"no part produces the model output '{out['name']}'",
+                           rules.VALIDATION)
             flat.append(env[out["name"]].numpy())
         return self._structure(flat, as_torch)
 
@@ -172,16 +156,5 @@ class SplitRunner:
 
 
 def _is_array(x: Any) -> bool:
-    if isinstance(x, np.ndarray):
-        return True
-    try:
-        import torch
-    except ImportError:
-        return False
-    return isinstance(x, torch.Tensor)
+    return isinstance(x, (np.ndarray, torch.Tensor))
 
-
-def _to_numpy(x: Any) -> np.ndarray:
-    if isinstance(x, np.ndarray):
-        return np.ascontiguousarray(x)
-    return np.ascontiguousarray(x.detach().cpu().numpy())

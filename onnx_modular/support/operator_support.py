@@ -80,8 +80,8 @@ def _check_op_name(name: str) -> None:
     namespace, op = parts[0], parts[1]
     try:
         packet = getattr(getattr(torch.ops, namespace), op)
-    except (AttributeError, RuntimeError):
-        raise fail(f"unknown operator '{name}': torch.ops.{namespace} has no '{op}'") from None
+    except (AttributeError, RuntimeError) as e:
+        raise fail(f"unknown operator '{name}': torch.ops.{namespace} has no '{op}'") from e
     if len(parts) == 3 and parts[2] not in packet.overloads():
         raise fail(f"unknown operator '{name}': {namespace}.{op} has overloads "
                     f"{', '.join(sorted(packet.overloads()))}")
@@ -302,7 +302,7 @@ def load_support_file(path: str | os.PathLike[str]) -> OperatorSupport:
             data = json.loads(text)
         except json.JSONDecodeError as e:
             raise fail(f"cannot read op list '{p}': invalid JSON ({e.msg} at line {e.lineno})"
-                        ) from None
+                       ) from e
         if not isinstance(data, (list, dict)):
             raise fail(f"op list '{p}' must hold a JSON list or an object with allow/deny")
         return resolve_support(data)

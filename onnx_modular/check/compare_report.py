@@ -1,0 +1,139 @@
+"""The report of :func:`onnx_modular.compare`: two models' facts side by side, and their outputs.
+
+Data and its renderings (rich tables, Markdown, JSON), apart from the comparing, so the
+command line and notebooks print the same thing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from onnx_modular.check.numerics import Diff
+from onnx_modular.check.report import Report, md_table
+from onnx_modular.runtime import short_provider
+
+__all__ = ["CompareReport", "ModelFacts", "OutputDiff"]
+
+
+@dataclasses.dataclass
+class ModelFacts:
+    """What one model is: size, structure (before and after inlining), ORT cost."""
+
+    label: str
+    size_bytes: int
+    functions: int
+    nodes: int  # main graph + every function body, as stored
+    inlined_nodes: int
+    op_histogram: dict[str, int]
+    topology: str
+    session_s: float = 0.0
+    run_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class OutputDiff:
+    """Output ``index`` of model b against model a's (the reference)."""
+
+    index: int
+    name_a: str
+    name_b: str
+    dtype: str
+    rtol: float
+    atol: float
+    diff: Diff
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "name_a": self.name_a, "name_b": self.name_b,
+                "dtype": self.dtype, "rtol": self.rtol, "atol": self.atol,
+                **self.diff.to_dict()}
+
+
+@dataclasses.dataclass
+class CompareReport(Report):
+    """Two models side by side; ``equivalent`` is numerical, ``same_structure`` structural."""
+
+    a: ModelFacts
+    b: ModelFacts
+    outputs: list[OutputDiff]
+    provider: str
+    reasons: list[str]
+
+    @property
+    def equivalent(self) -> bool:
+        return not self.reasons and all(o.diff.ok for o in self.outputs)
+
+    @property
+    def same_structure(self) -> bool:
+        return self.a.topology == self.b.topology
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.equivalent else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"equivalent": self.equivalent, "same_structure": self.same_structure,
+                "provider": self.provider, "reasons": self.reasons,
+                "a": self.a.to_dict(), "b": self.b.to_dict(),
+                "outputs": [o.to_dict() for o in self.outputs]}
+
+    def summary(self) -> str:
+        if self.equivalent:
+            shape = "same structure" if self.same_structure else "different structure"
+            return f"EQUIVALENT ({shape} after inlining)"
+        bad = [f"output #{o.index} ({o.name_a}: max abs err {o.diff.max_abs:.3g})"
+               for o in self.outputs if not o.diff.ok]
+        return "DIFFERENT: " + "; ".join(self.reasons + bad)
+
+    def _fact_rows(self) -> list[list[str]]:
+        a, b = self.a, self.b
+        ops = sorted(set(a.op_histogram) | set(b.op_histogram))
+        rows = [
+            ["file size", f"{a.size_bytes:,} B", f"{b.size_bytes:,} B"],
+            ["functions", str(a.functions), str(b.functions)],
+            ["nodes (stored)", str(a.nodes), str(b.nodes)],
+            ["nodes (inlined)", str(a.inlined_nodes), str(b.inlined_nodes)],
+            ["topology hash", a.topology[:12], b.topology[:12]],
+            ["ORT session (ms)", f"{a.session_s * 1e3:.1f}", f"{b.session_s * 1e3:.1f}"],
+            ["ORT run (ms)", f"{a.run_s * 1e3:.2f}", f"{b.run_s * 1e3:.2f}"],
+        ]
+        rows += [[f"  {op}", str(a.op_histogram.get(op, 0)), str(b.op_histogram.get(op, 0))]
+                 for op in ops if a.op_histogram.get(op, 0) != b.op_histogram.get(op, 0)]
+        return rows
+
+    def _output_rows(self) -> list[list[str]]:
+        return [[str(o.index), o.name_a, o.name_b, o.dtype, f"{o.diff.max_abs:.3g}",
+                 f"{o.diff.max_rel:.3g}", "ok" if o.diff.ok else "FAIL", o.diff.note]
+                for o in self.outputs]
+
+    _OUT_HEAD = ["#", "output (a)", "output (b)", "dtype", "max abs err", "max rel err",
+                 "status", "note"]
+
+    def __rich__(self) -> Any:
+        from rich.console import Group
+        from rich.table import Table
+        from rich.text import Text
+
+        facts = Table(title="Structure and cost", title_justify="left")
+        facts.add_column("")
+        facts.add_column(f"a: {self.a.label}", justify="right")
+        facts.add_column(f"b: {self.b.label}", justify="right")
+        for row in self._fact_rows():
+            facts.add_row(*row)
+        outs = Table(title=f"Outputs on {short_provider(self.provider)}",
+                     title_justify="left")
+        for h in self._OUT_HEAD:
+            outs.add_column(h)
+        for row in self._output_rows():
+            outs.add_row(*row)
+        return Group(facts, outs, Text(self.summary(),
+                                       style="green" if self.equivalent else "bold red"))
+
+    def to_markdown(self) -> str:
+        lines = [f"# Compare {self.a.label} and {self.b.label}", "", f"**{self.summary()}**", ""]
+        lines += [*md_table(["", "a", "b"], self._fact_rows()), ""]
+        lines += md_table(self._OUT_HEAD, self._output_rows())
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,201 @@
+"""Inputs of a check: which tensor feeds which ONNX input, and inputs made up when none are given.
+
+``validate`` binds the tensors a torch model takes to the ONNX model's declared inputs
+(:func:`bind_inputs`), checking count, dtype and rank so a mismatch is one clear line rather
+than an ORT traceback. ``compare`` feeds two models the same given or random inputs
+(:func:`feeds`, :func:`random_inputs`).
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import operator
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+
+from onnx_modular import runtime
+from onnx_modular._compat import tree_leaves
+from onnx_modular.check.numerics import dtype_name, onnx_elem_name
+from onnx_modular.errors import fail
+
+#: The size a dynamic dimension gets in generated inputs.
+DEFAULT_DIM = 4
+
+#: An input tensor and the model parameter it was passed as (None inside a pytree).
+Leaf = tuple[str | None, torch.Tensor]
+
+
+def declared_inputs(proto: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """The graph inputs a caller feeds (initializers listed as inputs are not)."""
+    initializers = {i.name for i in proto.graph.initializer}
+    return [i for i in proto.graph.input if i.name not in initializers]
+
+
+def input_signature(proto: onnx.ModelProto) -> list[tuple[str, int]]:
+    """(dtype, rank) of every declared input: what two models fed alike must agree on."""
+    return [(onnx_elem_name(i.type.tensor_type.elem_type), len(i.type.tensor_type.shape.dim))
+            for i in declared_inputs(proto)]
+
+
+# ---- torch inputs ------------------------------------------------------------------------------
+
+def as_args(args: Any) -> tuple[Any, ...]:
+    """Positional inputs as a tuple: one tensor alone is one argument."""
+    if isinstance(args, tuple):
+        return args
+    if isinstance(args, list):
+        return tuple(args)
+    return (args,)
+
+
+def _signature_names(model: Any) -> list[str]:
+    try:
+        forward = model.forward if isinstance(model, torch.nn.Module) else model
+        return [p.name for p in inspect.signature(forward).parameters.values()
+                if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    except (TypeError, ValueError):
+        return []
+
+
+def leaves(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Leaf]:
+    """Input tensors in the order torch.export flattens them, each with its parameter name."""
+    names = _signature_names(model)
+    found: list[Leaf] = []
+
+    def add(name: str | None, value: Any) -> None:
+        flat = [t for t in tree_leaves(value) if isinstance(t, torch.Tensor)]
+        for t in flat:
+            found.append((name if len(flat) == 1 else None, t))
+
+    for i, a in enumerate(args):
+        add(names[i] if i < len(names) else None, a)
+    order = {n: i for i, n in enumerate(names)}
+    for key in sorted(kwargs, key=lambda k: order.get(k, len(order))):
+        add(key, kwargs[key])
+    return found
+
+
+def bind_inputs(proto: onnx.ModelProto, given: list[Leaf],
+                label: str = "the ONNX model") -> dict[str, np.ndarray]:
+    """Feeds by name where every name matches, else by position; count/dtype/rank checked."""
+    declared = declared_inputs(proto)
+    if len(declared) != len(given):
+        names = ", ".join(i.name for i in declared)
+        raise fail(f"{label} takes {len(declared)} input(s) ({names}) but "
+                   f"{len(given)} tensor(s) were given")
+    by_name = {n: t for n, t in given if n is not None}
+    if all(i.name in by_name for i in declared) and len(by_name) == len(declared):
+        pairs = [(i, by_name[i.name]) for i in declared]
+    else:
+        pairs = [(i, t) for i, (_, t) in zip(declared, given, strict=True)]
+    bound: dict[str, np.ndarray] = {}
+    for k, (info, tensor) in enumerate(pairs):
+        where = f"input #{k} '{info.name}'"
+        ttype = info.type.tensor_type
+        if not info.type.HasField("tensor_type"):
+            raise fail(f"{where} of {label} is not a tensor; only tensor inputs are supported")
+        want = onnx_elem_name(ttype.elem_type)
+        got = dtype_name(tensor)
+        if want != got:
+            raise fail(f"{where}: {label} expects {want}, got a {got} tensor")
+        if ttype.HasField("shape"):
+            dims = ttype.shape.dim
+            if len(dims) != tensor.dim():
+                raise fail(f"{where}: {label} expects rank {len(dims)}, got a tensor of "
+                           f"shape {list(tensor.shape)} (rank {tensor.dim()})")
+            for d, (dim, size) in enumerate(zip(dims, tensor.shape, strict=True)):
+                if dim.HasField("dim_value") and dim.dim_value != size:
+                    raise fail(f"{where}: {label} expects dimension {d} to be "
+                               f"{dim.dim_value}, got shape {list(tensor.shape)}")
+        bound[info.name] = runtime.to_feed(tensor)
+    return bound
+
+
+# ---- given or random inputs for ONNX models ------------------------------------------------------
+
+def feeds(model: onnx.ModelProto, inputs: Any,
+          other: onnx.ModelProto | None = None) -> dict[str, np.ndarray]:
+    """Feeds for ``model``'s declared inputs: ``inputs`` (a sequence in input order or a
+    mapping by name; numpy arrays or torch tensors), or random ones fitting ``other`` too
+    when ``inputs`` is None."""
+    names = [i.name for i in declared_inputs(model)]
+    if inputs is None:
+        return random_inputs(model, other=other)
+    if isinstance(inputs, Mapping):
+        missing = [n for n in names if n not in inputs]
+        if missing:
+            raise fail(f"inputs lack {', '.join(missing)} (the models take {', '.join(names)})")
+        return {n: runtime.to_feed(inputs[n]) for n in names}
+    if not isinstance(inputs, Sequence) or isinstance(inputs, (str, bytes)):
+        inputs = (inputs,)
+    if len(inputs) != len(names):
+        raise fail(f"the models take {len(names)} input(s) ({', '.join(names)}) but "
+                   f"{len(inputs)} were given")
+    return {n: runtime.to_feed(v) for n, v in zip(names, inputs, strict=True)}
+
+
+def _dim_value(dim: onnx.TensorShapeProto.Dimension, symbols: dict[str, int]) -> int:
+    if dim.HasField("dim_value"):
+        return dim.dim_value
+    text = dim.dim_param if dim.HasField("dim_param") else ""
+    if not text:
+        return DEFAULT_DIM
+    if text.isidentifier():
+        return symbols.setdefault(text, DEFAULT_DIM)
+    try:  # torch writes expressions such as "s0 + 1" or "2*s1"
+        return max(1, int(_eval_dim(ast.parse(text, mode="eval").body, symbols)))
+    except (SyntaxError, ValueError, TypeError, ZeroDivisionError):
+        return DEFAULT_DIM
+
+
+_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+           ast.FloorDiv: operator.floordiv, ast.Div: operator.floordiv, ast.Mod: operator.mod}
+
+
+def _eval_dim(node: ast.AST, symbols: dict[str, int]) -> int:
+    if isinstance(node, ast.Constant) and isinstance(node.value, int):
+        return node.value
+    if isinstance(node, ast.Name):
+        return symbols.setdefault(node.id, DEFAULT_DIM)
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        return _BINOPS[type(node.op)](_eval_dim(node.left, symbols),
+                                      _eval_dim(node.right, symbols))
+    raise ValueError(ast.dump(node))
+
+
+def random_inputs(model: onnx.ModelProto, seed: int = 0,
+                  other: onnx.ModelProto | None = None) -> dict[str, np.ndarray]:
+    """Inputs from the declared types and shapes; dynamic dims get ``DEFAULT_DIM``.
+
+    A dimension dynamic in ``model`` but static in ``other`` takes ``other``'s size, so one
+    set of inputs fits both. Floats are standard normal; integers are 0 or 1 (valid
+    indices, masks and ids alike).
+    """
+    rng = np.random.default_rng(seed)
+    twins = declared_inputs(other) if other is not None else []
+    symbols: dict[str, int] = {}
+    made = {}
+    for k, info in enumerate(declared_inputs(model)):
+        if not info.type.HasField("tensor_type"):
+            raise fail(f"input '{info.name}' is not a tensor; give inputs explicitly")
+        ttype = info.type.tensor_type
+        twin = list(twins[k].type.tensor_type.shape.dim) if k < len(twins) else []
+        shape = []
+        for d, dim in enumerate(ttype.shape.dim):
+            if not dim.HasField("dim_value") and d < len(twin) and twin[d].HasField("dim_value"):
+                dim = twin[d]
+            shape.append(_dim_value(dim, symbols))
+        np_type = onnx.helper.tensor_dtype_to_np_dtype(ttype.elem_type)
+        if np.issubdtype(np_type, np.floating) or onnx_elem_name(ttype.elem_type) in (
+                "bfloat16",) or "float8" in str(np_type):
+            made[info.name] = rng.standard_normal(shape).astype(np_type)
+        elif np_type == np.bool_:
+            made[info.name] = rng.integers(0, 2, shape).astype(np.bool_)
+        else:
+            made[info.name] = rng.integers(0, 2, shape).astype(np_type)
+    return made

@@ -1,0 +1,194 @@
+"""The report of :func:`onnx_modular.validate`: per provider and output, and the localization.
+
+Data (what was checked, how far off) and its renderings (rich tables, Markdown, JSON) in one
+place, apart from the checking, so the command line and notebooks print the same thing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from onnx_modular.check.numerics import Diff
+from onnx_modular.check.report import Report, md_table
+from onnx_modular.runtime import short_provider
+
+if TYPE_CHECKING:
+    from onnx_modular.check.localize import Localization
+
+__all__ = ["OutputCheck", "ProviderResult", "ValidationReport"]
+
+
+@dataclasses.dataclass
+class OutputCheck:
+    """One model output on one provider against torch."""
+
+    name: str
+    shape: list[int]
+    dtype: str
+    rtol: float
+    atol: float
+    diff: Diff
+
+    @property
+    def ok(self) -> bool:
+        return self.diff.ok
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "shape": self.shape, "dtype": self.dtype,
+                "rtol": self.rtol, "atol": self.atol, **self.diff.to_dict()}
+
+
+@dataclasses.dataclass
+class ProviderResult:
+    """Every output on one execution provider, with session-creation and run time."""
+
+    provider: str
+    outputs: list[OutputCheck]
+    session_s: float
+    run_s: float
+
+    @property
+    def ok(self) -> bool:
+        return all(o.ok for o in self.outputs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"provider": self.provider, "ok": self.ok, "session_s": self.session_s,
+                "run_s": self.run_s, "outputs": [o.to_dict() for o in self.outputs]}
+
+
+@dataclasses.dataclass
+class ValidationReport(Report):
+    """The outcome of :func:`validate`: per provider and output, and the localization."""
+
+    model: str
+    results: list[ProviderResult]
+    torch_s: float
+    localization: Localization | None = None
+    localization_provider: str | None = None
+    #: default providers that were not checked, with the reason (e.g. no CUDA here)
+    skipped: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.results)
+
+    @property
+    def first_mismatch(self) -> str | None:
+        """Module path of the first (deepest) diverging module call, or None."""
+        loc = self.localization
+        return loc.first.module_path if loc is not None and loc.first is not None else None
+
+    @property
+    def providers(self) -> list[str]:
+        return [r.provider for r in self.results]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "ok": self.ok,
+            "first_mismatch": self.first_mismatch,
+            "torch_s": self.torch_s,
+            "providers": {r.provider: r.to_dict() for r in self.results},
+            "skipped": dict(self.skipped),
+            "localization": None if self.localization is None else {
+                "provider": self.localization_provider, **self.localization.to_dict()},
+        }
+
+    # -- rendering --------------------------------------------------------------------------
+
+    def _rows(self) -> list[list[str]]:
+        rows = []
+        for r in self.results:
+            for o in r.outputs:
+                rows.append([
+                    short_provider(r.provider), o.name, "x".join(map(str, o.shape)) or "()",
+                    o.dtype, _fmt(o.diff.max_abs), _fmt(o.diff.max_rel),
+                    f"{_tol(o.rtol)}/{_tol(o.atol)}", "ok" if o.ok else "FAIL", o.diff.note])
+        return rows
+
+    _HEAD = ["EP", "output", "shape", "dtype", "abs err", "rel err", "rtol/atol", "status",
+             "note"]
+    _LOC_HEAD = ["#", "module call", "type", "first diverging value", "max abs err",
+                 "max rel err", "mismatched", "inputs"]
+
+    def _loc_rows(self) -> list[list[str]]:
+        loc = self.localization
+        if loc is None:
+            return []
+        return [[str(i + 1), d.call_id, d.module_type.rsplit(".", 1)[-1], d.output,
+                 _fmt(d.max_abs), _fmt(d.max_rel), str(d.mismatched),
+                 "diverged" if d.inherited else "ok"]
+                for i, d in enumerate(loc.divergences)]
+
+    def _timings(self) -> str:
+        parts = [f"{short_provider(r.provider)}: session {r.session_s * 1e3:.0f} ms, "
+                 f"run {r.run_s * 1e3:.1f} ms" for r in self.results]
+        return "; ".join([*parts, f"torch {self.torch_s * 1e3:.0f} ms"])
+
+    def _skipped_line(self) -> str:
+        return "; ".join(f"{short_provider(p)} skipped: {why}"
+                         for p, why in self.skipped.items())
+
+    def summary(self) -> str:
+        if self.ok:
+            return f"OK: {self.model} matches torch on {', '.join(self.providers)}"
+        failed = [r.provider for r in self.results if not r.ok]
+        where = f"; first diverging module: {self.first_mismatch}" if self.first_mismatch else ""
+        if self.localization is not None and self.first_mismatch is None:
+            where = f"; no module localized ({self.localization.note or 'no module diverged'})"
+        return f"MISMATCH: {self.model} differs from torch on {', '.join(failed)}{where}"
+
+    def __rich__(self) -> Any:
+        from rich.console import Group
+        from rich.table import Table
+        from rich.text import Text
+
+        rows = self._rows()
+        show_note = any(row[-1] for row in rows)
+        table = Table(title="ONNX Runtime vs torch eager", title_justify="left",
+                      caption=self._timings(), caption_justify="left")
+        for h in self._HEAD if show_note else self._HEAD[:-1]:
+            table.add_column(h, justify="right" if "err" in h else "left",
+                             no_wrap=h in ("EP", "status", "rtol/atol"))
+        for row in rows:
+            style = "green" if row[7] == "ok" else "bold red"
+            table.add_row(*row[:7], Text(row[7], style=style), *row[8:8 + show_note])
+        parts: list[Any] = [table]
+        if self.localization is not None and self.localization.divergences:
+            loc = Table(title=f"Diverging module calls on {self.localization_provider} "
+                        "(execution order; bold: the first mismatch)", title_justify="left")
+            for h in self._LOC_HEAD:
+                loc.add_column(h, justify="right" if "err" in h or h == "mismatched" else "left")
+            first = self.localization.divergences.index(self.localization.first) \
+                if self.localization.first is not None else -1
+            for i, row in enumerate(self._loc_rows()):
+                loc.add_row(*row, style="bold" if i == first else None)
+            parts.append(loc)
+        if self.skipped:
+            parts.append(Text(self._skipped_line(), style="yellow"))
+        parts.append(Text(self.summary(), style="green" if self.ok else "bold red"))
+        return Group(*parts)
+
+    def to_markdown(self) -> str:
+        lines = [f"# Validation of {self.model}", "", f"**{self.summary()}**", ""]
+        lines += [*md_table(self._HEAD, self._rows()), "", f"Timings: {self._timings()}"]
+        if self.skipped:
+            lines += ["", f"Not checked: {self._skipped_line()}"]
+        if self.localization is not None:
+            lines += ["", f"## Diverging module calls ({self.localization_provider})", ""]
+            if self.localization.divergences:
+                lines += md_table(self._LOC_HEAD, self._loc_rows())
+            else:
+                lines.append(self.localization.note or "No module call diverges.")
+        return "\n".join(lines) + "\n"
+
+
+def _fmt(x: float) -> str:
+    """Errors to three significant digits: enough to read, short enough for a table."""
+    return f"{x:.3g}"
+
+
+def _tol(x: float) -> str:
+    """``1e-4`` rather than ``0.0001``; an exact check reads ``0``."""
+    return "0" if x == 0 else f"{x:.1e}".replace(".0e", "e").replace("e-0", "e-")

@@ -1,0 +1,160 @@
+"""The layout is part of the design: stages import only earlier stages, and private APIs of
+torch, onnxscript, onnx_ir and onnxruntime are touched in ``_compat.py`` alone."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "onnx_modular"
+
+#: Shared leaves: importable from anywhere, importing only other leaves.
+LEAVES = {"metadata", "diagnostics", "errors", "_compat", "_util", "_io", "_version",
+          "runtime", "examples"}
+#: Pipeline stages in the order data flows; a stage imports leaves, itself and earlier stages.
+STAGES = ["lower", "support", "passes", "emit", "parts", "check", "api", "cli"]
+TOP = {"__init__", "__main__"}  # the public surface: may import anything
+LIBRARIES = ("torch", "onnxscript", "onnx_ir", "onnxruntime")
+
+
+def modules() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def part_of(module: str) -> str:
+    """``onnx_modular.check.validate`` -> ``check``; ``onnx_modular.errors`` -> ``errors``."""
+    parts = module.split(".")[1:]
+    return parts[0] if parts else "__init__"
+
+
+def rank(part: str) -> int:
+    if part in LEAVES:
+        return -1
+    if part in TOP:
+        return len(STAGES)
+    return STAGES.index(part)
+
+
+def dotted(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    return ".".join(rel.parts)
+
+
+def package_imports(tree: ast.AST, module: str) -> list[tuple[int, str]]:
+    """(line, imported onnx_modular module) for every import, in functions too."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names
+                      if a.name.startswith("onnx_modular")]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative
+                base = ".".join(module.split(".")[:-node.level] + ([base] if base else []))
+            if not base.startswith("onnx_modular"):
+                continue
+            if base == "onnx_modular":  # ``from onnx_modular import x``: x may be a module
+                found += [(node.lineno, f"onnx_modular.{a.name}") for a in node.names]
+            else:
+                found.append((node.lineno, base))
+    return found
+
+
+def test_every_module_belongs_to_a_known_part() -> None:
+    unknown = {part_of(dotted(p)) for p in modules()} - LEAVES - TOP - set(STAGES)
+    assert not unknown, f"modules outside the layout: {unknown}"
+
+
+def test_no_module_imports_from_a_later_stage() -> None:
+    wrong = []
+    for path in modules():
+        module = dotted(path)
+        mine = part_of(module)
+        tree = ast.parse(path.read_text(), str(path))
+        for line, imported in package_imports(tree, module):
+            theirs = part_of(imported)
+            if theirs == "__init__":
+                theirs = "api"  # the package root re-exports the api: cli may use it
+            if mine in LEAVES and theirs not in LEAVES:
+                wrong.append(f"{module}:{line} (a leaf) imports {imported}")
+            elif mine not in LEAVES and rank(theirs) > rank(mine):
+                wrong.append(f"{module}:{line} ({mine}) imports the later {imported}")
+    assert not wrong, "\n".join(wrong)
+
+
+def own_private_names() -> set[str]:
+    """Every ``_name`` the package itself defines (functions, classes, attributes, args)."""
+    names: set[str] = set()
+    for path in modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.arg):
+                names.add(node.arg)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+            elif isinstance(node, ast.alias):
+                names.add(node.asname or node.name.split(".")[0])
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def private_uses(tree: ast.AST, own: set[str]) -> list[str]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                parts = a.name.split(".")
+                if parts[0] in LIBRARIES and any(p.startswith("_") for p in parts):
+                    found.append(f"line {node.lineno}: import {a.name}")
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            parts = node.module.split(".")
+            if parts[0] not in LIBRARIES:
+                continue
+            if any(p.startswith("_") for p in parts):
+                found.append(f"line {node.lineno}: from {node.module} import ...")
+            found += [f"line {node.lineno}: from {node.module} import {a.name}"
+                      for a in node.names if a.name.startswith("_")]
+        elif isinstance(node, ast.Attribute):
+            attr = node.attr
+            if attr.startswith("_") and not attr.startswith("__") and attr not in own:
+                found.append(f"line {node.lineno}: .{attr}")
+    return found
+
+
+def test_private_apis_are_touched_in_compat_only() -> None:
+    own = own_private_names() - private_names_of_compat()
+    wrong = []
+    for path in modules():
+        if path.name == "_compat.py":
+            continue
+        wrong += [f"{dotted(path)} {use}"
+                  for use in private_uses(ast.parse(path.read_text()), own)]
+    assert not wrong, "private APIs outside _compat.py:\n" + "\n".join(wrong)
+
+
+def private_names_of_compat() -> set[str]:
+    """Library internals that _compat.py reaches (``_functions``, ``_schema``...): used
+    anywhere else they are a breach even though _compat.py 'defines' its own access."""
+    tree = ast.parse((PACKAGE / "_compat.py").read_text())
+    return {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+            and n.attr.startswith("_") and not n.attr.startswith("__")
+            and isinstance(n.ctx, ast.Load)}
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("import torch.utils._pytree as p", True),
+    ("from torch.onnx._internal.exporter import _core", True),
+    ("from onnxruntime.capi import _pybind_state", True),
+    ("x = t._version", True),
+    ("x = node.target._schema.returns", True),
+    ("class P(InlinePass):\n    def f(self):\n        return self._functions", True),
+    ("import torch.export", False),
+    ("y = self.__class__", False),
+])
+def test_the_private_api_check_catches_what_it_should(source: str, expected: bool) -> None:
+    own = own_private_names() - private_names_of_compat()
+    assert bool(private_uses(ast.parse(source), own)) == expected
