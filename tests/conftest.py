@@ -1,8 +1,89 @@
+"""Shared test set-up and fixtures: ``ort_outputs`` runs a model in ONNX Runtime (CPU),
+``assert_close`` compares outputs within an absolute tolerance.
+
+The test models live in ``models.py`` (the registry).
+"""
+
+from __future__ import annotations
+
 import os
 import sys
 import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 warnings.filterwarnings("ignore", category=FutureWarning)
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+#: ORT (float32) against torch eager on the small test models.
+TOL = 1e-4
+
+
+def _array(x: Any) -> np.ndarray:
+    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+def _leaves(tree: Any) -> list[Any]:
+    """Tensors and arrays of a pytree of tuples, lists and mappings (model output classes
+    included) in order; None is no leaf."""
+    if tree is None:
+        return []
+    if isinstance(tree, Mapping):
+        return [leaf for value in tree.values() for leaf in _leaves(value)]
+    if isinstance(tree, (list, tuple)):
+        return [leaf for value in tree for leaf in _leaves(value)]
+    return [tree]
+
+
+def run_ort(model: Any, args: Any = ()) -> list[np.ndarray]:
+    """Outputs of ``model`` (a ModelProto, a path, or anything with ``.model_proto``) on
+    ONNX Runtime's CPU provider. ``args``: a pytree of tensors fed to the inputs in order, or a
+    mapping of input name to tensor."""
+    model = getattr(model, "model_proto", model)
+    source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else os.fspath(model)
+    session = ort.InferenceSession(source, providers=["CPUExecutionProvider"])
+    if isinstance(args, Mapping):
+        feeds = {name: _array(value) for name, value in args.items()}
+    else:
+        inputs, values = session.get_inputs(), _leaves(args)
+        assert len(values) == len(inputs), \
+            f"{len(values)} value(s) for inputs {[i.name for i in inputs]}"
+        feeds = {i.name: _array(v) for i, v in zip(inputs, values)}
+    return session.run(None, feeds)
+
+
+def check_close(actual: Any, expected: Any, tol: float = TOL) -> None:
+    """``actual`` matches ``expected`` leaf by leaf: same number of leaves (pytrees are
+    flattened: ORT's flat output list matches a nested or dict output), each of the same shape
+    and dtype with ``|actual - expected| <= tol`` everywhere (absolute; ``tol=0``: equal).
+    A tuple or list expected needs a tuple or list; two mappings need the same keys."""
+    if isinstance(expected, (list, tuple)):
+        assert isinstance(actual, (list, tuple)), f"expected a sequence, got {type(actual)}"
+    if isinstance(expected, Mapping) and isinstance(actual, Mapping):
+        keys = [k for k, v in expected.items() if v is not None]
+        assert [k for k, v in actual.items() if v is not None] == keys
+    got, want = _leaves(actual), _leaves(expected)
+    assert len(got) == len(want), f"{len(got)} output(s), expected {len(want)}"
+    for i, (g, e) in enumerate(zip(got, want)):
+        torch.testing.assert_close(torch.as_tensor(_array(g)), torch.as_tensor(_array(e)),
+                                   rtol=0, atol=tol, msg=lambda m, i=i: f"output {i}: {m}")
+
+
+@pytest.fixture(scope="session")
+def ort_outputs() -> Callable[..., list[np.ndarray]]:
+    """``ort_outputs(model_or_proto_or_path, args)``: see :func:`run_ort`."""
+    return run_ort
+
+
+@pytest.fixture(scope="session")
+def assert_close() -> Callable[..., None]:
+    """``assert_close(actual, expected, tol=TOL)``: see :func:`check_close`."""
+    return check_close

@@ -1,77 +1,236 @@
-"""Models the tests share: hand-written corner cases and tiny transformers architectures.
+"""The one registry of test models: every architecture the tests and ``scripts/zoo.py`` build.
 
-Transformers models are built from small configs with random weights: nothing is downloaded.
+``ARCHITECTURES`` maps a name to an :class:`Architecture`: calling it with no argument gives
+``(model, args)``; transformers entries take ``layers=`` (and ``full_output=True`` for the
+model's whole output instead of its last hidden state). ``names(*tags)`` selects entries by
+tag. Transformers models are built from small configs with random weights (seeded): nothing is
+downloaded. Below the registry: hand-written corner-case modules several test files share, and
+``hierarchical(...)``, a hand-built hierarchical ONNX twin of ``Net`` with the call-node
+metadata CONTRACTS.md specifies (it stands in for the exporter in validate/compare tests).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
+import onnx
 import torch
+from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
+import onnx_modular as om
 
-class LastHidden(nn.Module):
-    """Wraps a transformers model so export sees tensors in and one tensor out."""
+Builder = Callable[..., tuple[nn.Module, tuple]]
+
+
+def seeded(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def token_ids(vocab: int = 99, batch: int = 2, seq: int = 8) -> tuple[torch.Tensor]:
+    return (torch.randint(0, vocab, (batch, seq), generator=seeded(0)),)
+
+
+def pixels(batch: int = 2, size: int = 32) -> tuple[torch.Tensor]:
+    return (torch.randn(batch, 3, size, size, generator=seeded(0)),)
+
+
+def x8(batch: int = 2) -> tuple[torch.Tensor]:
+    return (torch.randn(batch, 8, generator=seeded(1)),)
+
+
+# ---- wrappers: tensors in, tensors (or a dict of them) out -------------------------------------
+
+class HF(nn.Module):
+    """A transformers model called with one tensor keyword (``key``) and ``call_kwargs``.
+
+    Returns the last hidden state, or with ``full_output`` the whole output (a dict).
+    """
+
+    def __init__(self, model: nn.Module, key: str = "input_ids", *, full_output: bool = False,
+                 **call_kwargs: object) -> None:
+        super().__init__()
+        self.model, self.key, self.full_output = model, key, full_output
+        self.call_kwargs = call_kwargs
+
+    def forward(self, x: torch.Tensor) -> Any:
+        out = self.model(**{self.key: x}, **self.call_kwargs, return_dict=True)
+        return out if self.full_output else out[0]
+
+
+class LastHidden(HF):
+    """Token ids in (the exported input is named ``input_ids``), last hidden state out."""
 
     def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
+        super().__init__(model, "input_ids", use_cache=False)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids, use_cache=False, return_dict=True)[0]
+        return super().forward(input_ids)
 
 
-def _ids(vocab: int = 99, batch: int = 2, seq: int = 8) -> tuple[torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    return (torch.randint(0, vocab, (batch, seq), generator=g),)
+def _transformers(config: str, model: str, cfg: dict[str, object], *, key: str = "input_ids",
+                  args: tuple | None = None, full_output: bool = False,
+                  model_kwargs: dict[str, object] | None = None,
+                  call_kwargs: dict[str, object] | None = None) -> tuple[nn.Module, tuple]:
+    """``transformers.<model>(transformers.<config>(**cfg))`` in eval mode, weights seeded."""
+    import transformers
+
+    torch.manual_seed(0)
+    config_obj = getattr(transformers, config)(attn_implementation="eager", **cfg)
+    module = getattr(transformers, model)(config_obj, **(model_kwargs or {})).eval()
+    wrapped = HF(module, key, full_output=full_output, **(call_kwargs or {}))
+    return wrapped.eval(), args if args is not None else token_ids()
 
 
-def gpt2(layers: int = 2) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+NO_CACHE = {"use_cache": False}
+
+
+# ---- transformers architectures ----------------------------------------------------------------
+
+def gpt2(layers: int = 2) -> tuple[nn.Module, tuple]:
     from transformers import GPT2Config, GPT2Model
 
     torch.manual_seed(0)
     cfg = GPT2Config(n_layer=layers, n_embd=32, n_head=4, vocab_size=99, n_positions=64,
                      use_cache=False, attn_implementation="eager")
-    return LastHidden(GPT2Model(cfg).eval()).eval(), _ids()
+    return LastHidden(GPT2Model(cfg).eval()).eval(), token_ids()
 
 
-def bert(layers: int = 2) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+def bert(layers: int = 2) -> tuple[nn.Module, tuple]:
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(0)
     cfg = BertConfig(num_hidden_layers=layers, hidden_size=32, num_attention_heads=4,
                      intermediate_size=64, vocab_size=99, max_position_embeddings=64,
                      attn_implementation="eager")
-    return LastHidden(BertModel(cfg, add_pooling_layer=False).eval()).eval(), _ids()
+    return LastHidden(BertModel(cfg, add_pooling_layer=False).eval()).eval(), token_ids()
 
 
-def llama(layers: int = 2) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    from transformers import LlamaConfig, LlamaModel
+def _decoder(name: str, config: str, model: str, **extra: object) -> Builder:
+    """Llama-like decoders: one config layout, last hidden state of token ids."""
+
+    def build(layers: int = 2) -> tuple[nn.Module, tuple]:
+        import transformers
+
+        torch.manual_seed(0)
+        cfg = getattr(transformers, config)(
+            num_hidden_layers=layers, hidden_size=32, num_attention_heads=4,
+            intermediate_size=64, vocab_size=99, max_position_embeddings=64,
+            attn_implementation="eager", **extra)
+        return LastHidden(getattr(transformers, model)(cfg).eval()).eval(), token_ids()
+
+    build.__name__ = build.__qualname__ = name
+    return build
+
+
+llama = _decoder("llama", "LlamaConfig", "LlamaModel", num_key_value_heads=2, use_cache=False)
+qwen2 = _decoder("qwen2", "Qwen2Config", "Qwen2Model", num_key_value_heads=2, use_cache=False)
+mistral = _decoder("mistral", "MistralConfig", "MistralModel", num_key_value_heads=2)
+phi3 = _decoder("phi3", "Phi3Config", "Phi3Model", num_key_value_heads=2, pad_token_id=0)
+gemma = _decoder("gemma", "GemmaConfig", "GemmaModel", num_key_value_heads=2, head_dim=8)
+roberta = _decoder("roberta", "RobertaConfig", "RobertaModel")
+
+
+def distilbert(layers: int = 2) -> tuple[nn.Module, tuple]:
+    from transformers import DistilBertConfig, DistilBertModel
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(num_hidden_layers=layers, hidden_size=32, num_attention_heads=4,
-                      num_key_value_heads=2, intermediate_size=64, vocab_size=99,
-                      max_position_embeddings=64, use_cache=False, attn_implementation="eager")
-    return LastHidden(LlamaModel(cfg).eval()).eval(), _ids()
+    cfg = DistilBertConfig(n_layers=layers, dim=32, n_heads=4, hidden_dim=64, vocab_size=99,
+                           max_position_embeddings=64, attn_implementation="eager")
+    return LastHidden(DistilBertModel(cfg).eval()).eval(), token_ids()
 
 
-def qwen2(layers: int = 2) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    from transformers import Qwen2Config, Qwen2Model
+def opt(layers: int = 2, full_output: bool = False) -> tuple[nn.Module, tuple]:
+    return _transformers("OPTConfig", "OPTModel", dict(
+        num_hidden_layers=layers, hidden_size=32, ffn_dim=64, num_attention_heads=4,
+        vocab_size=99, max_position_embeddings=64, word_embed_proj_dim=32, use_cache=False),
+        full_output=full_output, call_kwargs=NO_CACHE)
+
+
+def gpt_neox(layers: int = 2, full_output: bool = False) -> tuple[nn.Module, tuple]:
+    return _transformers("GPTNeoXConfig", "GPTNeoXModel", dict(
+        num_hidden_layers=layers, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+        vocab_size=99, max_position_embeddings=64, use_cache=False),
+        full_output=full_output, call_kwargs=NO_CACHE)
+
+
+def falcon(layers: int = 2, full_output: bool = False) -> tuple[nn.Module, tuple]:
+    return _transformers("FalconConfig", "FalconModel", dict(
+        num_hidden_layers=layers, hidden_size=32, num_attention_heads=4, vocab_size=99,
+        use_cache=False, new_decoder_architecture=False, multi_query=True, alibi=False),
+        full_output=full_output, call_kwargs=NO_CACHE)
+
+
+def bloom(layers: int = 2, full_output: bool = False) -> tuple[nn.Module, tuple]:
+    return _transformers("BloomConfig", "BloomModel", dict(
+        n_layer=layers, hidden_size=32, n_head=4, vocab_size=99),
+        full_output=full_output, call_kwargs=NO_CACHE)
+
+
+def mamba(layers: int = 2, full_output: bool = False) -> tuple[nn.Module, tuple]:
+    return _transformers("MambaConfig", "MambaModel", dict(
+        num_hidden_layers=layers, hidden_size=32, state_size=4, vocab_size=99),
+        full_output=full_output, call_kwargs=NO_CACHE)
+
+
+def mixtral(layers: int = 2, full_output: bool = False) -> tuple[nn.Module, tuple]:
+    """Experts as ``batched_mm``: the default ``grouped_mm`` has no ONNX translation."""
+    return _transformers("MixtralConfig", "MixtralModel", dict(
+        num_hidden_layers=layers, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=99, num_local_experts=4, num_experts_per_tok=2,
+        max_position_embeddings=64, use_cache=False, experts_implementation="batched_mm"),
+        full_output=full_output, call_kwargs=NO_CACHE)
+
+
+def t5_encoder(layers: int = 2, full_output: bool = False) -> tuple[nn.Module, tuple]:
+    return _transformers("T5Config", "T5EncoderModel", dict(
+        num_layers=layers, d_model=32, d_kv=8, num_heads=4, d_ff=64, vocab_size=99),
+        full_output=full_output)
+
+
+def deberta_v2(layers: int = 2, full_output: bool = False) -> tuple[nn.Module, tuple]:
+    """Relative attention: every layer reads the shared relative position embeddings."""
+    return _transformers("DebertaV2Config", "DebertaV2Model", dict(
+        num_hidden_layers=layers, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+        vocab_size=99, max_position_embeddings=64, relative_attention=True, position_buckets=16,
+        pos_att_type=["p2c", "c2p"]), full_output=full_output)
+
+
+def _vision(config: str, model: str, layers: int, full_output: bool) -> tuple[nn.Module, tuple]:
+    """A tiny vision transformer (32x32 images, patches of 8) called with pixel_values."""
+    return _transformers(config, model, dict(
+        num_hidden_layers=layers, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+        image_size=32, patch_size=8), key="pixel_values", args=pixels(),
+        full_output=full_output)
+
+
+def vit(layers: int = 2, full_output: bool = False) -> tuple[nn.Module, tuple]:
+    return _vision("ViTConfig", "ViTModel", layers, full_output)
+
+
+def clip_vision(layers: int = 2, full_output: bool = False) -> tuple[nn.Module, tuple]:
+    return _vision("CLIPVisionConfig", "CLIPVisionModel", layers, full_output)
+
+
+def whisper_encoder(layers: int = 2, full_output: bool = False) -> tuple[nn.Module, tuple]:
+    from transformers import WhisperConfig, WhisperModel
 
     torch.manual_seed(0)
-    cfg = Qwen2Config(num_hidden_layers=layers, hidden_size=32, num_attention_heads=4,
-                      num_key_value_heads=2, intermediate_size=64, vocab_size=99,
-                      max_position_embeddings=64, use_cache=False, attn_implementation="eager")
-    return LastHidden(Qwen2Model(cfg).eval()).eval(), _ids()
+    cfg = WhisperConfig(encoder_layers=layers, decoder_layers=1, d_model=32,
+                        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+                        decoder_ffn_dim=64, num_mel_bins=16, max_source_positions=32,
+                        vocab_size=99, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                        decoder_start_token_id=1, attn_implementation="eager")
+    encoder = WhisperModel(cfg).get_encoder().eval()
+    features = (torch.randn(1, 16, 64, generator=seeded(0)),)
+    return HF(encoder, "input_features", full_output=full_output).eval(), features
 
 
-TRANSFORMERS: dict[str, Callable[..., tuple[nn.Module, tuple[torch.Tensor, ...]]]] = {
-    "gpt2": gpt2, "bert": bert, "llama": llama, "qwen2": qwen2,
-}
-
-
-# ---- hand-written corner cases ---------------------------------------------------------------
+# ---- hand-written corner cases -------------------------------------------------------------
 
 class Block(nn.Module):
     def __init__(self, dim: int = 8) -> None:
@@ -159,5 +318,251 @@ class ConvBN(nn.Module):
         return self.pool(torch.relu(self.bn(self.conv(x)))).flatten(1)
 
 
-def x8(batch: int = 2) -> tuple[torch.Tensor]:
-    return (torch.randn(batch, 8, generator=torch.Generator().manual_seed(1)),)
+class ConvNet(nn.Module):
+    """Conv/BN/GELU residual blocks and a dict output (softmax probabilities, features)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.GELU())
+            for _ in range(3))
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.head = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        x = self.stem(x)
+        for block in self.blocks:
+            x = x + block(x)
+        feat = self.pool(x).flatten(1)
+        return {"probs": self.head(feat).softmax(-1), "feat": feat}
+
+
+def convnet() -> tuple[nn.Module, tuple]:
+    torch.manual_seed(0)
+    return ConvNet().eval(), (torch.randn(2, 3, 16, 16, generator=seeded(0)),)
+
+
+class Marked(nn.Module):
+    """Three stages by ``om.pipe_split()`` (two markers in a row make no empty stage); an
+    unused submodule for the never-runs error."""
+
+    def __init__(self, dim: int = 8) -> None:
+        super().__init__()
+        self.a, self.b, self.c = (nn.Linear(dim, dim) for _ in range(3))
+        self.unused = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.a(x)
+        om.pipe_split()
+        x = torch.relu(self.b(x))
+        om.pipe_split()
+        om.pipe_split()
+        return self.c(x) + x
+
+
+DIM = 8
+
+
+class Lin(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(DIM, DIM) / DIM**0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight
+
+
+class Layer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = Lin()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.relu(self.fc(x))
+
+
+class Net(nn.Module):
+    """Three ``Layer`` calls of one ``Lin`` each: the model ``hierarchical()`` mirrors."""
+
+    def __init__(self, n: int = 3) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(Layer() for _ in range(n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def net() -> tuple[Net, tuple[torch.Tensor]]:
+    torch.manual_seed(0)
+    return Net().eval(), (torch.randn(2, DIM),)
+
+
+def _hand(cls: Callable[[], nn.Module], args: Callable[[], tuple]) -> Builder:
+    def build() -> tuple[nn.Module, tuple]:
+        torch.manual_seed(0)
+        return cls().eval(), args()
+
+    build.__name__ = build.__qualname__ = getattr(cls, "__name__", "build")
+    return build
+
+
+# ---- the registry ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Architecture:
+    """``build(**size)`` -> ``(model, args)``; the entry itself is callable the same way."""
+
+    build: Builder
+    tags: frozenset[str]
+    layer: str | None = None  # the repeated block's class: one function, one call per layer
+
+    def __call__(self, **kwargs: Any) -> tuple[nn.Module, tuple]:
+        return self.build(**kwargs)
+
+
+def _arch(build: Builder, tags: str, layer: str | None = None) -> Architecture:
+    return Architecture(build, frozenset(tags.split()), layer)
+
+
+# Tags: "transformers" (takes layers= and full_output=) or "hand"; what the model is (decoder,
+# encoder, vision, audio, moe, ssm); "core": the four architectures most tests run on.
+# Not here: MultiOut (needs a keyword input) and Marked (om.export cannot translate its
+# pipe_split markers; it is for split_stages only).
+ARCHITECTURES: dict[str, Architecture] = {
+    "gpt2": _arch(gpt2, "transformers decoder core", "GPT2Block"),
+    "bert": _arch(bert, "transformers encoder core", "BertLayer"),
+    "llama": _arch(llama, "transformers decoder core", "LlamaDecoderLayer"),
+    "qwen2": _arch(qwen2, "transformers decoder core", "Qwen2DecoderLayer"),
+    "mistral": _arch(mistral, "transformers decoder", "MistralDecoderLayer"),
+    "phi3": _arch(phi3, "transformers decoder", "Phi3DecoderLayer"),
+    "gemma": _arch(gemma, "transformers decoder", "GemmaDecoderLayer"),
+    "opt": _arch(opt, "transformers decoder", "OPTDecoderLayer"),
+    "gpt_neox": _arch(gpt_neox, "transformers decoder", "GPTNeoXLayer"),
+    "falcon": _arch(falcon, "transformers decoder", "FalconDecoderLayer"),
+    "bloom": _arch(bloom, "transformers decoder", "BloomBlock"),
+    "mixtral": _arch(mixtral, "transformers decoder moe", "MixtralDecoderLayer"),
+    "mamba": _arch(mamba, "transformers decoder ssm", "MambaBlock"),
+    "roberta": _arch(roberta, "transformers encoder", "RobertaLayer"),
+    "distilbert": _arch(distilbert, "transformers encoder", "TransformerBlock"),
+    "t5_encoder": _arch(t5_encoder, "transformers encoder", "T5Block"),
+    "deberta_v2": _arch(deberta_v2, "transformers encoder", "DebertaV2Layer"),
+    "vit": _arch(vit, "transformers encoder vision", "ViTLayer"),
+    "clip_vision": _arch(clip_vision, "transformers encoder vision", "CLIPEncoderLayer"),
+    "whisper_encoder": _arch(whisper_encoder, "transformers encoder audio",
+                             "WhisperEncoderLayer"),
+    "convnet": _arch(convnet, "hand vision"),
+    "stack": _arch(_hand(Stack, x8), "hand", "Block"),
+    "shared_twice": _arch(_hand(SharedTwice, x8), "hand"),
+    "containers": _arch(_hand(Containers, x8), "hand"),
+    "conv_bn": _arch(_hand(ConvBN, lambda: (torch.randn(2, 3, 6, 6, generator=seeded(0)),)),
+                     "hand vision"),
+    "net": _arch(net, "hand", "Layer"),
+}
+
+
+def names(*tags: str) -> list[str]:
+    """Registry names carrying every one of ``tags``, in registry order."""
+    return [name for name, arch in ARCHITECTURES.items() if arch.tags.issuperset(tags)]
+
+
+# ---- a hand-built hierarchical ONNX twin of Net ------------------------------------------------
+# A ``Net`` of three ``Layer`` calls that share one ``Layer`` function, whose body calls a shared
+# ``Lin`` function. The nested call node inside the shared body carries the metadata of the call
+# the body was made from (``layers.0.fc``), as a deduplicated body must.
+
+DOMAIN = "hand_hier"
+
+
+def _type(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _meta(node: onnx.NodeProto, path: str, cls: type, fx_outputs: list[str]) -> None:
+    for key, value in (("onnx_modular.module_path", path), ("onnx_modular.call_id", path),
+                       ("onnx_modular.module_type", _type(cls)),
+                       ("onnx_modular.fx_outputs", json.dumps(fx_outputs))):
+        node.metadata_props.add(key=key, value=value)
+
+
+def _lin_function(name: str = "Lin", scale: float | None = None) -> onnx.FunctionProto:
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["matmul"])]
+    if scale is not None:  # a planted error: the body scales its result
+        nodes.append(helper.make_node("Constant", [], ["s"],
+                                      value=numpy_helper.from_array(np.float32(scale), "s")))
+        nodes[0].output[0] = "mm"
+        nodes.append(helper.make_node("Mul", ["mm", "s"], ["matmul"]))
+    return helper.make_function(DOMAIN, name, ["x", "w"], ["matmul"], nodes,
+                                [helper.make_opsetid("", 18)])
+
+
+def _layer_function(name: str = "Layer", lin: str = "Lin",
+                    residual: str = "Add") -> onnx.FunctionProto:
+    call = helper.make_node(lin, ["x", "w"], ["matmul"], domain=DOMAIN)
+    _meta(call, "layers.0.fc", Lin, ["matmul"])
+    nodes = [call, helper.make_node("Relu", ["matmul"], ["relu"]),
+             helper.make_node(residual, ["x", "relu"], ["add"])]
+    return helper.make_function(DOMAIN, name, ["x", "w"], ["add"], nodes,
+                                [helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, 1)])
+
+
+def hierarchical(model: Net, *, layer_ops: dict[int, str] | None = None,
+                 weight_scale: dict[int, float] | None = None,
+                 lin_scale: dict[int, float] | None = None) -> onnx.ModelProto:
+    """The ONNX twin of ``model``; the keyword arguments plant errors in one call each.
+
+    ``layer_ops``: layer index -> residual op (``"Sub"``) in a copy of the Layer body that
+    only that call uses. ``weight_scale``: layer index -> factor on that layer's weight
+    initializer. ``lin_scale``: layer index -> factor applied inside a copy of the Lin body
+    that only that layer's (copied) Layer body calls.
+    """
+    layer_ops, weight_scale, lin_scale = layer_ops or {}, weight_scale or {}, lin_scale or {}
+    functions = {"Lin": _lin_function(), "Layer": _layer_function()}
+    nodes, inits = [], []
+    previous = "x"
+    for i, layer in enumerate(model.layers):
+        w = layer.fc.weight.detach().numpy() * weight_scale.get(i, 1.0)
+        inits.append(numpy_helper.from_array(w.astype(np.float32), f"layers.{i}.fc.weight"))
+        op = "Layer"
+        if i in layer_ops or i in lin_scale:
+            op, lin = f"Layer_{i}", "Lin"
+            if i in lin_scale:
+                lin = f"Lin_{i}"
+                functions[lin] = _lin_function(lin, lin_scale[i])
+            functions[op] = _layer_function(op, lin, layer_ops.get(i, "Add"))
+        out = "output" if i == len(model.layers) - 1 else f"add_{i}"
+        call = helper.make_node(op, [previous, f"layers.{i}.fc.weight"], [out], domain=DOMAIN,
+                                name=f"layers.{i}")
+        _meta(call, f"layers.{i}", Layer, [out])
+        nodes.append(call)
+        previous = out
+    graph = helper.make_graph(
+        nodes, "Net", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, DIM])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [2, DIM])], inits)
+    proto = helper.make_model(
+        graph, functions=list(functions.values()),
+        opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, 1)])
+    proto.ir_version = 10
+    onnx.checker.check_model(proto, full_check=True)
+    return proto
+
+
+def isolate_call(proto: onnx.ModelProto, call_id: str,
+                 within: onnx.FunctionProto | None = None) -> onnx.FunctionProto:
+    """Give the call node ``call_id`` (in the main graph or in ``within``) a private copy of
+    its function, so that a change planted in the copy affects that one call only."""
+    nodes = within.node if within is not None else proto.graph.node
+    for node in nodes:
+        meta = {p.key: p.value for p in node.metadata_props}
+        if meta.get("onnx_modular.call_id") != call_id:
+            continue
+        original = next(f for f in proto.functions
+                        if f.name == node.op_type and f.domain == node.domain)
+        copy = proto.functions.add()
+        copy.CopyFrom(original)
+        copy.name = f"{original.name}_planted_{len(proto.functions)}"
+        node.op_type = copy.name
+        return copy
+    raise AssertionError(f"no call node {call_id}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from io import StringIO
 
-import hand_hier
+import models
 import numpy as np
 import onnx
 import pytest
@@ -21,8 +21,8 @@ from onnx_modular.check.inputs import random_inputs
 @pytest.fixture(scope="module")
 def twins() -> tuple[onnx.ModelProto, onnx.ModelProto]:
     """A hierarchical model (shared functions) and the flat torch.onnx export of the same net."""
-    model, args = hand_hier.net()
-    hier = hand_hier.hierarchical(model)
+    model, args = models.net()
+    hier = models.hierarchical(model)
     flat = torch.onnx.export(model, args, dynamo=True, verbose=False).model_proto
     return hier, flat
 
@@ -60,8 +60,8 @@ def test_hierarchical_and_flat_twin_are_equivalent(twins, tmp_path):
 
 def test_altered_model_differs(twins):
     hier, flat = twins
-    model, _ = hand_hier.net()
-    altered = hand_hier.hierarchical(model, layer_ops={1: "Sub"})
+    model, _ = models.net()
+    altered = models.hierarchical(model, layer_ops={1: "Sub"})
     rep = om.compare(altered, flat)
     assert not rep.equivalent and rep.exit_code == 1
     assert not rep.same_structure
@@ -69,7 +69,7 @@ def test_altered_model_differs(twins):
     assert "DIFFERENT" in rep.summary()
     assert om.compare(flat, altered).exit_code == 1
     # a weight change keeps the structure but not the numbers
-    scaled = hand_hier.hierarchical(model, weight_scale={2: 1.01})
+    scaled = models.hierarchical(model, weight_scale={2: 1.01})
     rep = om.compare(hier, scaled)
     assert rep.same_structure and not rep.equivalent
 
@@ -133,8 +133,6 @@ def test_topology_hash_ignores_names(twins):
 
 @pytest.fixture(scope="module")
 def export_twins() -> tuple[onnx.ModelProto, onnx.ModelProto]:
-    import models
-
     model, args = models.gpt2(2)
     return (om.export(model, args).model_proto,
             om.export(model, args, functions="none").model_proto)

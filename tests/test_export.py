@@ -10,20 +10,13 @@ import models
 import numpy as np
 import onnx
 import onnx.inliner
-import onnxruntime as ort
 import pytest
 import torch
 from torch import nn
 
 import onnx_modular as om
-from onnx_modular.lower.translate import quiet_torch_onnx
 from onnx_modular.examples import tiny_gpt, tiny_gpt_inputs
-
-
-def _run(proto: onnx.ModelProto, *args: torch.Tensor) -> list[np.ndarray]:
-    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
-    feeds = {i.name: a.numpy() for i, a in zip(session.get_inputs(), args)}
-    return session.run(None, feeds)
+from onnx_modular.lower.translate import quiet_torch_onnx
 
 
 def _flat_torch(model: nn.Module, args: tuple) -> onnx.ModelProto:
@@ -47,7 +40,7 @@ def tiny():
     return model, args, om.export(model, args)
 
 
-def test_tiny_gpt_one_function_per_layer_class(tiny) -> None:
+def test_tiny_gpt_one_function_per_layer_class(tiny, ort_outputs, assert_close) -> None:
     model, args, result = tiny
     proto = result.model_proto
     onnx.checker.check_model(proto, full_check=True)
@@ -62,8 +55,7 @@ def test_tiny_gpt_one_function_per_layer_class(tiny) -> None:
     meta = {p.key: p.value for p in call.metadata_props}
     assert meta["onnx_modular.module_path"] == "blocks.0"
     assert meta["onnx_modular.module_type"] == "onnx_modular.examples.Block"
-    expected = model(*args).detach().numpy()
-    np.testing.assert_allclose(_run(proto, *args)[0], expected, atol=1e-4, rtol=1e-4)
+    assert_close(ort_outputs(proto, args)[0], model(*args), 1e-4)
     summary = {f.name: f for f in result.functions}
     assert summary["Block"].calls == ("blocks.0", "blocks.1", "blocks.2", "blocks.3")
     assert summary["Block"].module_type == "onnx_modular.examples.Block"
@@ -84,22 +76,22 @@ def test_equal_bodies_of_other_shapes_share_one_function(tiny) -> None:
     assert not body.value_info  # one body for four shapes: no shape of one call is recorded
 
 
-def test_matches_flat_export_and_inlines_to_its_size(tiny) -> None:
+def test_matches_flat_export_and_inlines_to_its_size(tiny, ort_outputs, assert_close) -> None:
     model, args, result = tiny
     proto = result.model_proto
     flat = _flat_torch(model, args)
-    np.testing.assert_allclose(_run(proto, *args)[0], _run(flat, *args)[0], atol=1e-6)
+    assert_close(ort_outputs(proto, args)[0], ort_outputs(flat, args)[0], 1e-6)
     inlined = onnx.inliner.inline_local_functions(proto)
     assert _non_constant(inlined.graph.node) <= 1.1 * _non_constant(flat.graph.node)
     ours_flat = om.export(model, args, functions="none").model_proto
     assert not ours_flat.functions
-    np.testing.assert_allclose(_run(ours_flat, *args)[0], _run(flat, *args)[0], atol=1e-6)
+    assert_close(ort_outputs(ours_flat, args)[0], ort_outputs(flat, args)[0], 1e-6)
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
-def test_inlined_hierarchical_is_the_flat_model(name: str) -> None:
+def test_inlined_hierarchical_is_the_flat_model(name: str, ort_outputs, assert_close) -> None:
     """Invariant 2: same multiset of ops, same topology, bit-identical ORT outputs."""
-    model, args = models.TRANSFORMERS[name](2)
+    model, args = models.ARCHITECTURES[name](layers=2)
     hierarchical = om.export(model, args).model_proto
     flat = om.export(model, args, functions="none").model_proto
     onnx.checker.check_model(flat, full_check=True)
@@ -112,7 +104,7 @@ def test_inlined_hierarchical_is_the_flat_model(name: str) -> None:
     assert not any(n.op_type == "Constant" for n in flat.graph.node)
     report = om.compare(hierarchical, flat, inputs=args)
     assert report.same_structure and report.equivalent
-    assert np.array_equal(_run(hierarchical, *args)[0], _run(flat, *args)[0])
+    assert_close(ort_outputs(hierarchical, args)[0], ort_outputs(flat, args)[0], 0)
 
 
 class _SharedTwice(nn.Module):
@@ -180,7 +172,8 @@ class Mixed(nn.Module):
         return self.shared(torch.tanh(self.shared(x)))
 
 
-def test_really_different_bodies_get_separate_functions_and_shared_calls_share() -> None:
+def test_really_different_bodies_get_separate_functions_and_shared_calls_share(
+        ort_outputs, assert_close) -> None:
     model, args = Mixed().eval(), models.x8()
     proto = om.export(model, args).model_proto
     onnx.checker.check_model(proto, full_check=True)
@@ -192,7 +185,7 @@ def test_really_different_bodies_get_separate_functions_and_shared_calls_share()
     ids = [next(p.value for p in n.metadata_props if p.key == "onnx_modular.call_id")
            for n in shared]
     assert ids[0] != ids[1]
-    np.testing.assert_allclose(_run(proto, *args)[0], model(*args).detach().numpy(), atol=1e-5)
+    assert_close(ort_outputs(proto, args)[0], model(*args), 1e-5)
     no_dedupe = om.export(model, args, dedupe=False).model_proto
     assert len(no_dedupe.functions) > len(proto.functions)
 
@@ -202,40 +195,37 @@ def test_really_different_bodies_get_separate_functions_and_shared_calls_share()
     ([GatedBlock], {"GatedBlock", "GatedBlock_1"}),
     (["layers.2", "shared"], {"GatedBlock", "Linear"}),
 ])
-def test_function_subsets(functions, expected) -> None:
+def test_function_subsets(functions, expected, ort_outputs, assert_close) -> None:
     model, args = Mixed().eval(), models.x8()
     proto = om.export(model, args, functions=functions).model_proto
     assert {f.name for f in proto.functions} == expected
-    np.testing.assert_allclose(_run(proto, *args)[0], model(*args).detach().numpy(), atol=1e-5)
+    assert_close(ort_outputs(proto, args)[0], model(*args), 1e-5)
 
 
-def test_multiple_outputs_kwargs_buffers() -> None:
+def test_multiple_outputs_kwargs_buffers(ort_outputs, assert_close) -> None:
     model, args = models.MultiOut().eval(), models.x8()
     kwargs = {"bias": torch.randn(8)}
     result = om.export(model, args, kwargs)
     proto = result.model_proto
     onnx.checker.check_model(proto, full_check=True)
-    expected = [t.detach().numpy() for t in model(*args, **kwargs)]
-    session = ort.InferenceSession(proto.SerializeToString())
-    got = session.run(None, {"x": args[0].numpy(), "bias": kwargs["bias"].numpy()})
-    for g, e in zip(got, expected):
-        np.testing.assert_allclose(g, e, atol=1e-6)
+    got = ort_outputs(proto, {"x": args[0], "bias": kwargs["bias"]})
+    assert_close(got, model(*args, **kwargs), 1e-6)
     assert "TwoOut" in {f.name for f in proto.functions}
 
 
-@pytest.mark.parametrize("name, layer", [("gpt2", "GPT2Block"), ("llama", "LlamaDecoderLayer"),
-                                         ("bert", "BertLayer")])
-def test_transformers(name: str, layer: str) -> None:
-    model, args = models.TRANSFORMERS[name](3)
+@pytest.mark.parametrize("name", ["gpt2", pytest.param("llama", marks=pytest.mark.slow),
+                                  "bert"])
+def test_transformers(name: str, ort_outputs, assert_close) -> None:
+    model, args = models.ARCHITECTURES[name](layers=3)
+    layer = models.ARCHITECTURES[name].layer
     proto = om.export(model, args).model_proto
     onnx.checker.check_model(proto, full_check=True)
     calls = _calls(proto)
     assert calls[layer] == 3 and f"{layer}_1" not in calls
-    expected = model(*args).detach().numpy()
-    got = _run(proto, *args)[0]
-    np.testing.assert_allclose(got, expected, atol=1e-4, rtol=1e-4)
+    got = ort_outputs(proto, args)[0]
+    assert_close(got, model(*args), 1e-4)
     flat = _flat_torch(model, args)
-    np.testing.assert_allclose(got, _run(flat, *args)[0], atol=1e-6)
+    assert_close(got, ort_outputs(flat, args)[0], 1e-6)
     inlined = onnx.inliner.inline_local_functions(proto)
     assert _non_constant(inlined.graph.node) <= 1.1 * _non_constant(flat.graph.node)
     # Shapes, axes and scalars stay inside the bodies: an initializer a call is given is a
@@ -249,16 +239,16 @@ def test_transformers(name: str, layer: str) -> None:
     assert not {n: sizes[n] for n in fed - weights if sizes[n] <= 16}
 
 
-def test_dynamic_batch_and_opset() -> None:
+def test_dynamic_batch_and_opset(ort_outputs, assert_close) -> None:
     model, args = models.Stack(2).eval(), models.x8(2)
     batch = torch.export.Dim("batch", min=1, max=64)
     proto = om.export(model, args, dynamic_shapes=({0: batch},), opset=19).model_proto
     assert {o.domain: o.version for o in proto.opset_import}[""] == 19
     x5 = torch.randn(5, 8)
-    np.testing.assert_allclose(_run(proto, x5)[0], model(x5).detach().numpy(), atol=1e-5)
+    assert_close(ort_outputs(proto, (x5,))[0], model(x5), 1e-5)
 
 
-def test_exported_program_input_and_external_data(tmp_path) -> None:
+def test_exported_program_input_and_external_data(tmp_path, ort_outputs, assert_close) -> None:
     model, args = models.Stack(3, dim=16).eval(), (torch.randn(2, 16),)
     ep = torch.export.export(model, args)
     result = om.export(ep)
@@ -271,12 +261,11 @@ def test_exported_program_input_and_external_data(tmp_path) -> None:
     for name in ("m.onnx", "m.onnx.data"):  # as readable as any file the user writes
         assert (tmp_path / name).stat().st_mode & 0o777 == 0o666 & ~umask
     loaded = onnx.load(str(path))
-    np.testing.assert_allclose(_run(loaded, *args)[0], model(*args).detach().numpy(),
-                               atol=1e-5)
+    assert_close(ort_outputs(loaded, args)[0], model(*args), 1e-5)
     # The in-memory model still holds its weights: it saves again, inline this time.
     result.save(tmp_path / "again.onnx")
     again = onnx.load(str(tmp_path / "again.onnx"))
-    np.testing.assert_allclose(_run(again, *args)[0], _run(loaded, *args)[0])
+    assert_close(ort_outputs(again, args)[0], ort_outputs(loaded, args)[0], 0)
 
 
 def test_save_to_unwritable_place_leaves_nothing(tmp_path) -> None:
@@ -324,22 +313,22 @@ def test_export_failure_is_one_line_naming_the_model() -> None:
         om.export(Branchy(), (torch.randn(3),))
     message = str(info.value)
     assert "OM0201" in message and "Branchy" in message and "\n" not in message
-    from onnx_modular.lower.capture import capture
-
-    program = capture(models.Stack(1).eval(), models.x8())
-    assert capture(program, ()) is program  # an ExportedProgram passes through
+    program = om.capture(models.Stack(1).eval(), models.x8())
+    assert om.capture(program, ()) is program  # an ExportedProgram passes through
 
 
-def test_opset_below_18_is_refused_for_functions_but_flat_converts() -> None:
+def test_opset_below_18_is_refused_for_functions_but_flat_converts(ort_outputs,
+                                                                    assert_close) -> None:
     model, args = models.Stack(1).eval(), models.x8()
     with pytest.raises(om.OnnxModularError, match="opset 17 is below 18"):
         om.export(model, args, opset=17)
     with quiet_torch_onnx():
         proto = om.export(model, args, opset=17, functions="none").model_proto
     assert {o.domain: o.version for o in proto.opset_import}[""] == 17 and not proto.functions
-    np.testing.assert_allclose(_run(proto, *args)[0], model(*args).detach().numpy(), atol=1e-5)
+    assert_close(ort_outputs(proto, args)[0], model(*args), 1e-5)
 
 
+@pytest.mark.slow
 def test_deterministic_across_processes(tmp_path) -> None:
     """Set and dict orders vary with the hash seed between processes; the bytes must not."""
     import subprocess
@@ -368,12 +357,12 @@ def test_misspelt_function_selection_is_reported() -> None:
     assert len(warnings) == 1 and "['GatedBlok'] matched no module call" in warnings[0].message
 
 
-def test_layer_functions_inline_to_torch_onnx_flat_size() -> None:
+def test_layer_functions_inline_to_torch_onnx_flat_size(ort_outputs, assert_close) -> None:
     """Inside a body the optimizer cannot fold Reshape(Reshape(x)) (its rule writes an
     initializer); ours does, so a layer body is as small as the flat graph's layer."""
-    model, args = models.TRANSFORMERS["gpt2"](2)
+    model, args = models.gpt2(2)
     proto = om.export(model, args, functions=["GPT2Block"]).model_proto
     inlined = onnx.inliner.inline_local_functions(proto)
     flat = _flat_torch(model, args)
     assert _non_constant(inlined.graph.node) <= _non_constant(flat.graph.node)
-    np.testing.assert_allclose(_run(proto, *args)[0], _run(flat, *args)[0], atol=1e-6)
+    assert_close(ort_outputs(proto, args)[0], ort_outputs(flat, args)[0], 1e-6)

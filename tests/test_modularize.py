@@ -11,8 +11,8 @@ import torch
 import torch.fx
 
 import onnx_modular as om
-from onnx_modular.diagnostics import DiagnosticContext, Level
-from onnx_modular.passes.modularize import iter_module_calls, module_call_chains
+from onnx_modular import DiagnosticContext, Level, module_call_chains
+from onnx_modular.passes.modularize import iter_module_calls
 
 
 def _export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None):
@@ -21,14 +21,6 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict | None = None):
 
 def _paths(gm: torch.fx.GraphModule) -> list[str]:
     return [sub.module_path for _, sub in iter_module_calls(gm)]
-
-
-def _assert_same(a, b) -> None:
-    fa, _ = torch.utils._pytree.tree_flatten(a)
-    fb, _ = torch.utils._pytree.tree_flatten(b)
-    assert len(fa) == len(fb)
-    for x, y in zip(fa, fb):
-        assert torch.equal(x, y)
 
 
 def _to_fx_tracer_format(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -43,14 +35,14 @@ def _to_fx_tracer_format(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 
 
 @pytest.mark.parametrize("decompose", [False, True])
-def test_stack_exact_and_nested(decompose: bool) -> None:
+def test_stack_exact_and_nested(decompose: bool, assert_close) -> None:
     model, args = models.Stack(3), models.x8()
     ep = _export(model, args)
     if decompose:
         ep = ep.run_decompositions()
     gm = om.modularize(ep)
-    _assert_same(gm(*args), ep.module()(*args))
-    _assert_same(gm(*args), model(*args))
+    assert_close(gm(*args), ep.module()(*args), 0)
+    assert_close(gm(*args), model(*args), 0)
     assert _paths(gm) == [
         "layers.0", "layers.0.norm", "layers.0.fc", "layers.1", "layers.1.norm", "layers.1.fc",
         "layers.2", "layers.2.norm", "layers.2.fc"]
@@ -62,11 +54,11 @@ def test_stack_exact_and_nested(decompose: bool) -> None:
         layer.fc.weight, model.layers[0].fc.weight)
 
 
-def test_shared_module_called_twice_gives_two_calls() -> None:
+def test_shared_module_called_twice_gives_two_calls(assert_close) -> None:
     model, args = models.SharedTwice(), models.x8()
     ep = _export(model, args)
     gm = om.modularize(ep)
-    _assert_same(gm(*args), model(*args))
+    assert_close(gm(*args), model(*args), 0)
     calls = [(n.target, sub.module_path, sub.call_id) for n, sub in iter_module_calls(gm)]
     assert [c[1] for c in calls] == ["shared", "shared"]
     assert calls[0][2] != calls[1][2]
@@ -74,12 +66,12 @@ def test_shared_module_called_twice_gives_two_calls() -> None:
     assert any(n.target == torch.ops.aten.sigmoid.default for n in gm.graph.nodes)
 
 
-def test_multiple_outputs_kwargs_buffers_constants() -> None:
+def test_multiple_outputs_kwargs_buffers_constants(assert_close) -> None:
     model, args = models.MultiOut(), models.x8()
     kwargs = {"bias": torch.randn(8)}
     ep = _export(model, args, kwargs)
     gm = om.modularize(ep)
-    _assert_same(gm(*args, **kwargs), ep.module()(*args, **kwargs))
+    assert_close(gm(*args, **kwargs), ep.module()(*args, **kwargs), 0)
     two = gm.two
     assert two.module_path == "two"
     getitems = [n for n in gm.graph.nodes if n.target is operator.getitem and n.args[0].op ==
@@ -89,10 +81,10 @@ def test_multiple_outputs_kwargs_buffers_constants() -> None:
     assert len(out.args[0]) == 2
 
 
-def test_nested_containers() -> None:
+def test_nested_containers(assert_close) -> None:
     model, args = models.Containers(), models.x8()
     gm = om.modularize(_export(model, args))
-    _assert_same(gm(*args), model(*args))
+    assert_close(gm(*args), model(*args), 0)
     paths = _paths(gm)
     for expected in ["seq", "seq.0", "seq.1", "seq.1.0", "seq.1.1", "extra.0", "extra.1",
                      "heads.a", "heads.b"]:
@@ -100,7 +92,7 @@ def test_nested_containers() -> None:
     assert gm.seq.m_1.module_path == "seq.1"  # a digit-led name gets a readable prefix
 
 
-def test_inputs_in_first_use_order_outputs_in_creation_order() -> None:
+def test_inputs_in_first_use_order_outputs_in_creation_order(assert_close) -> None:
     class Inner(torch.nn.Module):
         def forward(self, a, b, c):
             u = c * 2
@@ -118,27 +110,27 @@ def test_inputs_in_first_use_order_outputs_in_creation_order() -> None:
 
     args = tuple(torch.randn(3) for _ in range(3))
     gm = om.modularize(_export(Outer(), args))
-    _assert_same(gm(*args), Outer()(*args))
+    assert_close(gm(*args), Outer()(*args), 0)
     placeholders = [n.name for n in gm.inner.graph.nodes if n.op == "placeholder"]
     assert placeholders == ["c", "a", "b"]
     out = next(n for n in gm.inner.graph.nodes if n.op == "output").args[0]
     assert [o.name for o in out] == ["mul", "add"]
 
 
-def test_batchnorm_training_mutation_keeps_semantics() -> None:
+def test_batchnorm_training_mutation_keeps_semantics(assert_close) -> None:
     model = models.ConvBN().train()
     args = (torch.randn(2, 3, 6, 6),)
     ep = _export(model, args)
     reference, modular = ep.module(), om.modularize(ep)
     reference = copy.deepcopy(reference)
     before = modular.bn.running_mean.clone()
-    _assert_same(modular(*args), reference(*args))
+    assert_close(modular(*args), reference(*args), 0)
     assert not torch.equal(modular.bn.running_mean, before)  # the update happened
     assert torch.equal(modular.bn.running_mean, reference.get_buffer("bn.running_mean"))
     assert int(modular.bn.num_batches_tracked) == 1
 
 
-def test_nodes_without_module_stack_stay_in_parent_with_a_note() -> None:
+def test_nodes_without_module_stack_stay_in_parent_with_a_note(assert_close) -> None:
     model, args = models.Stack(2), models.x8()
     gm = _export(model, args).module()
     stripped = []
@@ -148,7 +140,7 @@ def test_nodes_without_module_stack_stay_in_parent_with_a_note() -> None:
             stripped.append(node.name)
     ctx = DiagnosticContext()
     result = om.modularize(gm, ctx)
-    _assert_same(result(*args), model(*args))
+    assert_close(result(*args), model(*args), 0)
     notes = [d for d in ctx.diagnostics if d.rule.name == "missing-module-stack"]
     assert len(notes) == 1 and notes[0].level == Level.NOTE
     chains = module_call_chains(result)
@@ -213,11 +205,11 @@ def test_interleaved_call_is_split_with_warning_when_dependencies_forbid() -> No
     assert len(warnings) == 1 and "'a'" in warnings[0].message
 
 
-def test_fx_symbolic_trace_format_with_leaf_modules() -> None:
+def test_fx_symbolic_trace_format_with_leaf_modules(assert_close) -> None:
     model, args = models.Stack(2), models.x8()
     traced = torch.fx.symbolic_trace(model)
     result = om.modularize(traced)
-    _assert_same(result(*args), model(*args))
+    assert_close(result(*args), model(*args), 0)
     assert _paths(result) == ["layers.0", "layers.1"]
     leaves = [n for n in result.layers_0.graph.nodes if n.op == "call_module"]
     assert [str(n.target) for n in leaves] == ["norm", "fc"]
@@ -228,28 +220,27 @@ def test_rejects_other_inputs_with_a_clear_error() -> None:
         om.modularize(torch.nn.Linear(2, 2))
 
 
-@pytest.mark.parametrize("name", sorted(models.TRANSFORMERS))
-def test_transformers_architectures(name: str) -> None:
-    model, args = models.TRANSFORMERS[name]()
+@pytest.mark.parametrize("name", sorted(models.names("core")))
+def test_transformers_architectures(name: str, assert_close) -> None:
+    model, args = models.ARCHITECTURES[name](layers=2)
     ep = _export(model, args)
     gm = om.modularize(ep)
-    _assert_same(gm(*args), ep.module()(*args))
+    assert_close(gm(*args), ep.module()(*args), 0)
     calls = list(iter_module_calls(gm))
     assert calls, "no module call found"
     for _, sub in calls:
         assert isinstance(sub.module_path, str) and sub.module_path
         assert "." in sub.module_type
     layer_types = {sub.module_type.rsplit(".", 1)[-1] for _, sub in calls}
-    expected = {"gpt2": "GPT2Block", "bert": "BertLayer", "llama": "LlamaDecoderLayer",
-                "qwen2": "Qwen2DecoderLayer"}[name]
+    expected = models.ARCHITECTURES[name].layer
     assert expected in layer_types
     layers = [sub for _, sub in calls if sub.module_type.endswith(expected)]
     assert len(layers) == 2 and len({s.module_path for s in layers}) == 2
 
     decomposed = ep.run_decompositions()
-    _assert_same(om.modularize(decomposed)(*args), decomposed.module()(*args))
+    assert_close(om.modularize(decomposed)(*args), decomposed.module()(*args), 0)
 
     # The same architecture through the FX symbolic tracer's metadata format.
     fx_format = om.modularize(_to_fx_tracer_format(ep.module()))
-    _assert_same(fx_format(*args), ep.module()(*args))
+    assert_close(fx_format(*args), ep.module()(*args), 0)
     assert sorted(_paths(fx_format)) == sorted(sub.module_path for _, sub in calls)

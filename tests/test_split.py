@@ -7,21 +7,21 @@ import itertools
 import json
 import operator
 
-import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from models import MultiOut, bert, gpt2, x8
+from models import MultiOut, Stack, bert, gpt2, x8
 from torch import nn
 
 import onnx_modular as om
-from onnx_modular.diagnostics import DiagnosticContext
+from onnx_modular import DiagnosticContext, OperatorSupport
+from onnx_modular.api.split import print_preview
+from onnx_modular.emit.regions import region_chains
 from onnx_modular.errors import rules
 from onnx_modular.metadata import fx_name
-from onnx_modular.support.operator_support import OperatorSupport, node_op_names
-from onnx_modular.api.split import print_preview
 from onnx_modular.passes.split import SplitPass, plan_split
+from onnx_modular.support.operator_support import node_op_names
 
 # ---- helpers ---------------------------------------------------------------------------------
 
@@ -47,7 +47,7 @@ def check_alternating(result) -> None:
 
 def check_acc_models(result, denied: set[str]) -> int:
     """No ONNX node of an acc model comes from a denied FX op; returns acc ONNX node count."""
-    fx = {n.name: n for n in result._source.graph.nodes}
+    fx = {n.name: n for n in result.program.module().graph.nodes}
     # Region models are optimized: nodes the optimizer makes name no FX node. None of them
     # may be of an ONNX type that only denied FX nodes translate to.
     from onnx_modular.support.onnx_index import fx_to_onnx_nodes
@@ -79,16 +79,6 @@ def check_acc_models(result, denied: set[str]) -> int:
                 f"{rg.name} holds {origin} ({node.op_type})"
             count += 1
     return count
-
-
-def close(actual, expected, tol: float = 1e-4) -> None:
-    if isinstance(expected, (tuple, list)):
-        assert isinstance(actual, (tuple, list)) and len(actual) == len(expected)
-        for a, e in zip(actual, expected):
-            close(a, e, tol)
-        return
-    torch.testing.assert_close(torch.as_tensor(np.asarray(actual)), expected.detach(),
-                               rtol=tol, atol=tol)
 
 
 # ---- splitter_base semantics on FX (no translation: fast) ------------------------------------
@@ -191,14 +181,14 @@ def test_fusion_groups_keep_non_tensor_flow_in_one_region():
     assert split.region_of()["max_1"] != split.region_of()["getitem_1"]
 
 
-def test_split_graph_module_runs_and_previews(capsys):
+def test_split_graph_module_runs_and_previews(capsys, assert_close):
     gm = flat_graph(Chain(3), torch.randn(4))
     ctx = DiagnosticContext()
     split_pass = SplitPass(OperatorSupport.deny(["aten.sin"]))
     result = split_pass(gm, ctx)
     out = result.graph_module
     x = torch.randn(4)
-    torch.testing.assert_close(out(x), gm(x), rtol=0, atol=0)
+    assert_close(out(x), gm(x), 0)
     names = [n.target for n in out.graph.nodes if n.op == "call_module"]
     assert names[-6:] == [f"_run_on_{k}_{i}" for i, k in enumerate(["acc", "cpu"] * 3)]
     texts = [d.message for d in ctx.diagnostics]
@@ -252,15 +242,13 @@ def mixed():
     return model, args, result
 
 
-def test_hand_model_end_to_end(mixed, tmp_path):
+def test_hand_model_end_to_end(mixed, tmp_path, assert_close):
     model, args, result = mixed
     check_alternating(result)
     assert [r.is_acc for r in result.regions] == [True, False, True, False, True]
     check_acc_models(result, {"aten.gelu.default", "aten.tanh.default"})
     expected = model(*args)
-    got = result.graph_module(*args)
-    for a, e in zip(got, expected):
-        torch.testing.assert_close(a, e, rtol=0, atol=0)
+    assert_close(result.graph_module(*args), expected, 0)
 
     out = result.save(tmp_path / "parts")
     manifest = json.loads((out / "manifest.json").read_text())
@@ -285,12 +273,12 @@ def test_hand_model_end_to_end(mixed, tmp_path):
         assert [i.name for i in sess.get_inputs()] == [i["name"] for i in region["inputs"]]
 
     runner = om.SplitRunner(out)
-    close(runner.run(*args), expected)
+    assert_close(runner.run(*args), expected)
     assert isinstance(runner.run(*args), tuple)
-    close(runner.run(args[0].numpy()), expected)
+    assert_close(runner.run(args[0].numpy()), expected)
 
 
-def test_single_file_form(mixed, tmp_path):
+def test_single_file_form(mixed, tmp_path, ort_outputs, assert_close):
     model, args, result = mixed
     path = result.save_single(tmp_path / "split.onnx")
     proto = onnx.load(str(path))
@@ -304,20 +292,17 @@ def test_single_file_form(mixed, tmp_path):
     called = {n.op_type for f in proto.functions for n in f.node}
     assert module_functions <= called
     assert proto.graph.initializer  # weights once, in the main graph, passed to functions
-    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
-    got = sess.run(None, {"x": args[0].numpy()})
-    close(got, model(*args))
+    assert_close(ort_outputs(proto, {"x": args[0]}), model(*args))
 
 
-def test_kwargs_buffers_constants_and_structure(tmp_path):
+def test_kwargs_buffers_constants_and_structure(tmp_path, assert_close):
     model, x, bias = MultiOut().eval(), x8()[0], torch.randn(8)
     result = om.split(model, (x,), kwargs={"bias": bias}, support=["aten.linear", "aten.mul"])
     check_alternating(result)
     expected = model(x, bias=bias)
-    for a, e in zip(result.graph_module(x, bias=bias), expected):
-        torch.testing.assert_close(a, e, rtol=0, atol=0)
+    assert_close(result.graph_module(x, bias=bias), expected, 0)
     result.save(tmp_path)
-    close(om.SplitRunner(tmp_path).run(x, bias=bias), expected)
+    assert_close(om.SplitRunner(tmp_path).run(x, bias=bias), expected)
     with pytest.raises(om.OnnxModularError, match="takes 2 tensor input"):
         om.SplitRunner(tmp_path).run(x)
 
@@ -336,34 +321,30 @@ def test_save_errors_are_clear(mixed, tmp_path):
     (gpt2, {"aten.softmax.int", "aten.tanh.default"}),
     (bert, {"aten.gelu.default", "aten.softmax.int"}),
 ])
-def test_transformers_with_deny_lists(build, deny, tmp_path):
+def test_transformers_with_deny_lists(build, deny, tmp_path, assert_close):
     model, args = build(2)
     result = om.split(model, args, support=OperatorSupport.deny(sorted(deny)))
     check_alternating(result)
     assert sum(r.is_acc for r in result.regions) >= 3
     assert check_acc_models(result, deny) > 0
     expected = model(*args)
-    torch.testing.assert_close(result.graph_module(*args), expected, rtol=0, atol=0)
+    assert_close(result.graph_module(*args), expected, 0)
     result.save(tmp_path)
-    close(om.SplitRunner(tmp_path, acc_providers=["cpu"]).run(*args), expected)
+    assert_close(om.SplitRunner(tmp_path, acc_providers=["cpu"]).run(*args), expected)
 
 
-def test_ort_cpu_provider_covers_gpt2_in_one_acc_region(tmp_path):
+def test_ort_cpu_provider_covers_gpt2_in_one_acc_region(tmp_path, assert_close):
     model, args = gpt2(1)
     result = om.split(model, args, support="ort:CPUExecutionProvider")
     assert [(r.name, r.is_acc) for r in result.regions] == [("_run_on_acc_0", True)]
     assert len(result.regions[0].node_names) == sum(
-        1 for n in result._source.graph.nodes
+        1 for n in result.program.module().graph.nodes
         if n.op == "call_function")
     result.save(tmp_path)
-    close(om.SplitRunner(tmp_path).run(*args), model(*args))
+    assert_close(om.SplitRunner(tmp_path).run(*args), model(*args))
 
 
 def test_region_chains_keep_only_calls_inside_one_region():
-    from models import Stack
-
-    from onnx_modular.emit.regions import region_chains
-
     model, x = Stack(2).eval(), x8()[0]
     result = om.split(model, (x,), support={"deny": ["aten.relu"]})
     chains = om.module_call_chains(om.modularize(result.program))

@@ -17,8 +17,7 @@ from torch.fx.passes import splitter_base
 from torch.fx.passes.shape_prop import ShapeProp
 
 import onnx_modular as om
-from onnx_modular.diagnostics import DiagnosticContext
-from onnx_modular.support.operator_support import OperatorSupport
+from onnx_modular import DiagnosticContext, OperatorSupport
 from onnx_modular.passes.split import SplitPass, plan_split
 
 Regions = list[tuple[bool, frozenset[str]]]
@@ -106,10 +105,6 @@ FLAGS = [{}, {"allow_non_tensor": True}, {"skip_fusion": True}, {"min_acc_module
          {"allow_non_tensor": True, "skip_fusion": True}]
 
 
-def _gpt2():
-    return gpt2(2)
-
-
 @pytest.mark.parametrize("build, deny_lists", [
     (lambda: (MLP().eval(), (torch.randn(2, 8),)),
      [["aten.relu"], ["aten.native_layer_norm", "aten.add"], ["aten.addmm"], ["getitem"]]),
@@ -117,8 +112,10 @@ def _gpt2():
      [["aten._softmax"], ["aten.split_with_sizes"], ["aten.bmm", "aten.mean"], ["aten.view"]]),
     (lambda: (Conv().eval(), (torch.randn(1, 3, 8, 8),)),
      [["aten.max_pool2d_with_indices"], ["aten.relu", "aten.sum"], ["aten.convolution"]]),
-    (_gpt2, [["aten._softmax"], ["aten.native_layer_norm"], ["aten.where", "aten.tanh"],
-             ["aten.arange", "aten.embedding", "aten.pow"], ["aten.split_with_sizes"]]),
+    pytest.param(lambda: gpt2(2),
+                 [["aten._softmax"], ["aten.native_layer_norm"], ["aten.where", "aten.tanh"],
+                  ["aten.arange", "aten.embedding", "aten.pow"], ["aten.split_with_sizes"]],
+                 marks=pytest.mark.slow),
 ], ids=["mlp", "attention", "conv", "gpt2"])
 def test_regions_match_splitter_base(build, deny_lists):
     model, args = build()
@@ -194,7 +191,7 @@ def _mutual_groups() -> torch.fx.GraphModule:
     return torch.fx.GraphModule(nn.Module(), g)
 
 
-def test_fusion_groups_feeding_each_other_merge_instead_of_vanishing():
+def test_fusion_groups_feeding_each_other_merge_instead_of_vanishing(assert_close):
     """Defect: a cycle between two fusion units left Kahn's algorithm with nothing ready, and
     the plan silently had no region at all (splitter_base raises "Subgraph can't be empty")."""
     gm = _mutual_groups()
@@ -202,7 +199,7 @@ def test_fusion_groups_feeding_each_other_merge_instead_of_vanishing():
     assert [(r.is_acc, len(r.node_names)) for r in plan.regions] == [(True, 7)]
     x = torch.randn(4, 4)
     out = SplitPass(OperatorSupport.everything())(gm, DiagnosticContext()).graph_module
-    torch.testing.assert_close(out(x), gm(x))
+    assert_close(out(x), gm(x), 0)
 
 
 class ThreeRegions(nn.Module):

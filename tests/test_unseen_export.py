@@ -1,16 +1,16 @@
 """Models and inputs the other tests do not use: more architectures, and what broke on them.
 
-Transformers models come from tiny configs with random weights (nothing is downloaded).
+Transformers models come from the registry (models.py): tiny configs, random weights.
 """
 
 from __future__ import annotations
 
 import collections
 
+import models
 import numpy as np
 import onnx
 import onnx_ir as ir
-import onnxruntime as ort
 import pytest
 import torch
 from torch import nn
@@ -19,81 +19,12 @@ import onnx_modular as om
 from onnx_modular.emit.canonical import graph_key
 from onnx_modular.passes.modularize import iter_module_calls
 
-
-class Wrap(nn.Module):
-    """Tensor in, last hidden state out."""
-
-    def __init__(self, model: nn.Module, key: str, **extra: object) -> None:
-        super().__init__()
-        self.model, self.key, self.extra = model, key, extra
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(**{self.key: x}, **self.extra, return_dict=True)[0]
-
-
-def _ids() -> tuple[torch.Tensor]:
-    return (torch.randint(0, 99, (2, 8), generator=torch.Generator().manual_seed(0)),)
-
-
-def _build(config: str, model: str, key: str = "input_ids", args: tuple | None = None,
-           extra: dict | None = None, **cfg: object) -> tuple[nn.Module, tuple]:
-    import transformers
-
-    torch.manual_seed(0)
-    config_obj = getattr(transformers, config)(attn_implementation="eager", **cfg)
-    module = getattr(transformers, model)(config_obj).eval()
-    return Wrap(module, key, **(extra or {})).eval(), args or _ids()
-
-
-def _whisper_encoder() -> tuple[nn.Module, tuple]:
-    from transformers import WhisperConfig, WhisperModel
-
-    torch.manual_seed(0)
-    cfg = WhisperConfig(encoder_layers=2, decoder_layers=1, d_model=32, encoder_attention_heads=4,
-                        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
-                        num_mel_bins=16, max_source_positions=32, vocab_size=99, pad_token_id=0,
-                        bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
-                        attn_implementation="eager")
-    encoder = WhisperModel(cfg).get_encoder().eval()
-    return Wrap(encoder, "input_features").eval(), (torch.randn(1, 16, 64),)
-
-
-NO_CACHE = {"use_cache": False}
-ARCHITECTURES = {  # name -> (builder, layer class that must be one function called per layer)
-    "opt": (lambda: _build("OPTConfig", "OPTModel", extra=NO_CACHE, num_hidden_layers=2,
-                           hidden_size=32, num_attention_heads=4, ffn_dim=64, vocab_size=99,
-                           max_position_embeddings=64, word_embed_proj_dim=32),
-            "OPTDecoderLayer"),
-    "gpt_neox": (lambda: _build("GPTNeoXConfig", "GPTNeoXModel", extra=NO_CACHE,
-                                num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
-                                intermediate_size=64, vocab_size=99,
-                                max_position_embeddings=64), "GPTNeoXLayer"),
-    "falcon": (lambda: _build("FalconConfig", "FalconModel", extra=NO_CACHE,
-                              num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
-                              vocab_size=99), "FalconDecoderLayer"),
-    "bloom": (lambda: _build("BloomConfig", "BloomModel", extra=NO_CACHE, n_layer=2,
-                             hidden_size=32, n_head=4, vocab_size=99), "BloomBlock"),
-    "t5_encoder": (lambda: _build("T5Config", "T5EncoderModel", num_layers=2, d_model=32,
-                                  d_kv=8, num_heads=4, d_ff=64, vocab_size=99), "T5Block"),
-    "deberta_v2": (lambda: _build("DebertaV2Config", "DebertaV2Model", num_hidden_layers=2,
-                                  hidden_size=32, num_attention_heads=4, intermediate_size=64,
-                                  vocab_size=99, max_position_embeddings=64), "DebertaV2Layer"),
-    "clip_vision": (lambda: _build("CLIPVisionConfig", "CLIPVisionModel", key="pixel_values",
-                                   args=(torch.randn(2, 3, 32, 32),), num_hidden_layers=2,
-                                   hidden_size=32, num_attention_heads=4, intermediate_size=64,
-                                   image_size=32, patch_size=8), "CLIPEncoderLayer"),
-    "whisper_encoder": (_whisper_encoder, "WhisperEncoderLayer"),
-    # Mamba's two blocks used to become two functions each (MambaBlock, MambaBlock_1...):
-    # a shared constant shifted the node numbering of the structural key.
-    "mamba": (lambda: _build("MambaConfig", "MambaModel", extra=NO_CACHE, num_hidden_layers=2,
-                             hidden_size=32, state_size=4, vocab_size=99), "MambaBlock"),
-}
-
-
-def _ort(proto: onnx.ModelProto, args: tuple) -> list[np.ndarray]:
-    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
-    return session.run(None, {i.name: a.numpy() for i, a in zip(session.get_inputs(), args)})
-
+# Architectures no other export test runs; each has one layer function, called per layer.
+UNSEEN = ["opt", "gpt_neox", "falcon", "bloom", "t5_encoder", "deberta_v2", "clip_vision",
+          "whisper_encoder",
+          # Mamba's two blocks used to become two functions each (MambaBlock, MambaBlock_1...):
+          # a shared constant shifted the node numbering of the structural key.
+          "mamba"]
 
 def _sites(proto: onnx.ModelProto) -> collections.Counter[str]:
     names = {f.name for f in proto.functions}
@@ -101,10 +32,10 @@ def _sites(proto: onnx.ModelProto) -> collections.Counter[str]:
                                for n in g.node if n.op_type in names)
 
 
-@pytest.mark.parametrize("name", list(ARCHITECTURES))
-def test_unseen_architecture(name: str) -> None:
-    build, layer = ARCHITECTURES[name]
-    model, args = build()
+@pytest.mark.parametrize("name", UNSEEN)
+def test_unseen_architecture(name: str, ort_outputs, assert_close) -> None:
+    model, args = models.ARCHITECTURES[name]()
+    layer = models.ARCHITECTURES[name].layer
     ep = torch.export.export(model, args)
     gm = om.modularize(ep)
     assert torch.equal(gm(*args), ep.module()(*args))
@@ -113,20 +44,22 @@ def test_unseen_architecture(name: str) -> None:
     proto = om.export(model, args).model_proto
     onnx.checker.check_model(proto, full_check=True)
     with torch.no_grad():
-        expected = model(*args).numpy()
-    np.testing.assert_allclose(_ort(proto, args)[0], expected, atol=1e-4, rtol=1e-4)
+        expected = model(*args)
+    assert_close(ort_outputs(proto, args)[0], expected, 1e-4)
     layers = {f.name: f for f in proto.functions if f.doc_string.endswith("." + layer)}
     assert list(layers) == [layer], f"one function for {layer}, got {list(layers)}"
     assert _sites(proto)[layer] == 2  # one call per layer
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["opt"])
-def test_unseen_flat_equals_hierarchical_and_bytes_are_stable(name: str) -> None:
-    model, args = ARCHITECTURES[name][0]()
+def test_unseen_flat_equals_hierarchical_and_bytes_are_stable(name: str, ort_outputs,
+                                                               assert_close) -> None:
+    model, args = models.ARCHITECTURES[name]()
     first = om.export(model, args).model_proto
     flat = om.export(model, args, functions="none").model_proto
     assert not flat.functions
-    np.testing.assert_allclose(_ort(first, args)[0], _ort(flat, args)[0], atol=1e-6)
+    assert_close(ort_outputs(first, args)[0], ort_outputs(flat, args)[0], 1e-6)
     assert om.export(model, args).model_proto.SerializeToString() == first.SerializeToString()
     # through the hook too: unchanged torch.onnx.export calls give the same bytes each time
     with om.hook():
@@ -198,7 +131,7 @@ class _Branches(nn.Module):
         return torch.cond(x.sum() > 0, lambda x: self.a(x), lambda x: self.b(x).relu(), (x,))
 
 
-def test_torch_cond_exports_and_bytes_are_stable() -> None:
+def test_torch_cond_exports_and_bytes_are_stable(ort_outputs, assert_close) -> None:
     """Branch code is generated (``<eval_with_key>.N``, N counting up in the process): the
     source locations must not carry N, or a second export differs."""
     model, args = _Branches().eval(), (torch.randn(2, 4),)
@@ -206,5 +139,5 @@ def test_torch_cond_exports_and_bytes_are_stable() -> None:
     assert torch.equal(om.modularize(ep)(*args), ep.module()(*args))
     first = om.export(model, args).model_proto
     onnx.checker.check_model(first, full_check=True)
-    np.testing.assert_allclose(_ort(first, args)[0], model(*args).detach().numpy(), atol=1e-5)
+    assert_close(ort_outputs(first, args)[0], model(*args), 1e-5)
     assert om.export(model, args).model_proto.SerializeToString() == first.SerializeToString()
