@@ -17,6 +17,8 @@ META_FX_OUTPUTS = "onnx_modular.fx_outputs"  # JSON: the FX node of each call ou
 # On a function: the module call its body was built from.
 ORIGIN_PATH = "onnx_modular.origin_path"
 ORIGIN_CALL = "onnx_modular.origin_call_id"
+# On an extra function of a class: why it is not the class's first function.
+DIFFERS_FROM = "onnx_modular.differs_from"
 # torch.onnx's, on every node it translates.
 FX_NODE = "pkg.torch.onnx.fx_node"
 NAME_SCOPES = "pkg.torch.onnx.name_scopes"

@@ -10,7 +10,8 @@ one :class:`~onnx_ir.passes.Sequential`, so a failure names the step it happened
 3. ``Optimize``: onnxscript's optimizer, each unique body once (never inlined).
 4. ``MergeEqualFunctions``: bodies the optimizer made equal become one function, to a
    fixpoint (a parent merges once its children have).
-5. ``InlineAll`` (flat output only): every call inlined, labels moved to the actual call.
+5. ``ExplainDifferences``: each function of a class but the first says why it stayed apart.
+6. ``InlineAll`` (flat output only): every call inlined, labels moved to the actual call.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import onnx_ir as ir
 import torch
 
 from onnx_modular.diagnostics import DiagnosticContext, Location, OnnxModularError
+from onnx_modular.emit.explain import annotate_differences
 from onnx_modular.emit.inline import RebasingInlinePass
 from onnx_modular.emit.optimize import (
     finish_inlined,
@@ -116,6 +118,14 @@ class MergeEqualFunctions(ir.passes.InPlacePass):
         return ir.passes.PassResult(model, modified=bool(merged))
 
 
+class ExplainDifferences(ir.passes.InPlacePass):
+    """Every extra function of a class records what tells it from the first one."""
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        annotate_differences(model)
+        return ir.passes.PassResult(model, modified=False)
+
+
 class InlineAll(ir.passes.InPlacePass):
     """The flat model: every call inlined; constants shared as initializers again."""
 
@@ -155,6 +165,8 @@ def emit_model(model: ir.Model, chains: Chains, weights: frozenset[str] | set[st
         steps.append(Optimize())
         if options.dedupe and not options.flat:  # flat: everything is inlined right after
             steps.append(MergeEqualFunctions(report))
+    if options.dedupe and not options.flat:
+        steps.append(ExplainDifferences())
     if options.flat:
         steps.append(InlineAll(options.optimize))
     with ctx.scope("Emit"):
