@@ -28,6 +28,9 @@ NAMESPACE = "namespace"
 # On a region's call node in a single-file split model.
 REGION_KIND = "onnx_modular.region_kind"
 
+# torch.export's stand-in ``nn_module_stack`` key for nodes its passes add: not a module.
+NO_MODULE = "_empty_nn_module_stack_from_metadata_hook"
+
 # FX ``node.meta`` of the modularized GraphModules.
 FX_CALL = "om_call"  # on a call_module node: the CallInfo of the module call
 FX_NAME = "om_fx_name"  # on every copied node: its name in the input program

@@ -29,16 +29,14 @@ from onnx_modular._compat import codegen_of, lazy_graph_module, program_codegen,
 from onnx_modular._util import class_identifier, common_prefix
 from onnx_modular.diagnostics import DiagnosticContext, Location
 from onnx_modular.errors import rules
-from onnx_modular.metadata import FX_CALL, FX_NAME, CallInfo
+from onnx_modular.metadata import FX_CALL, FX_NAME, NO_MODULE, CallInfo
 from onnx_modular.passes.infra import PassBase, PassConditionError, PassManager, PassResult
 
 #: A module call in a node's chain: (call_id, module_path, module_type).
 _Frame = tuple[str, str, str]
 
 _DYNAMO_PATH = re.compile(r"^L\['self'\]\.?")
-#: torch.export's stand-in stack for nodes its passes add without one (a placeholder, not a
-#: module: such nodes belong to the surrounding call).
-_NO_MODULE = "_empty_nn_module_stack_from_metadata_hook"
+
 _INDEX = re.compile(r"\[(\d+)\]|\['([^']+)'\]")
 
 
@@ -70,7 +68,7 @@ def _frames_of(node: torch.fx.Node) -> list[_Frame] | None:
         else:  # very old FX tracer format: {path: class}
             path, cls = key, value
         path = _normalize_path(str(path))
-        if path == "" or path == _NO_MODULE:  # torch.export's root layer, or no module
+        if path == "" or path == NO_MODULE:  # torch.export's root layer, or no module
             continue
         suffix = key.rsplit("@", 1)[1] if "@" in key else ""
         call_id = f"{path}@{suffix}" if suffix else path
