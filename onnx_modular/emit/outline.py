@@ -250,6 +250,8 @@ class _Outliner:
         self.graph.remove(members, safe=False)
         body = ir.Graph(list(inputs.values()), outputs, nodes=members,
                         opset_imports=self._opsets(members), name=info.call_id)
+        if not _in_order(body):  # a size hoisted out of a child call follows that call
+            body.sort()
         domain, name = self._function_for(info, body)
         call.domain, call.op_type = domain, name
         self.report.calls += 1
@@ -282,6 +284,18 @@ class _Outliner:
             if node.domain not in opsets:
                 opsets[node.domain] = self.model.opset_imports.get(node.domain, 1)
         return opsets
+
+
+def _in_order(graph: ir.Graph) -> bool:
+    """Does every node come after the nodes of this graph that it reads from?"""
+    seen: set[ir.Node] = set()
+    for node in graph:
+        for value in node.inputs:
+            producer = value.producer() if value is not None else None
+            if producer is not None and producer.graph is graph and producer not in seen:
+                return False
+        seen.add(node)
+    return True
 
 
 def _fx_of(value: ir.Value) -> str | None:
@@ -436,10 +450,10 @@ def _widen_calls(model: ir.Model, small: ir.Function, full: ir.Function,
                 new = wider.outputs[i]
                 new.name, new.type, new.shape = old.name, old.type, old.shape
                 old.name = None
-                old.replace_all_uses_with(new)
                 for k, out in enumerate(graph.outputs):
                     if out is old:
                         graph.outputs[k] = new
+                old.replace_all_uses_with(new)
             for i, out in enumerate(wider.outputs):
                 if out.name is None:
                     out.name = f"{node.name}_unused_{i}"

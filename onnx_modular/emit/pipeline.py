@@ -195,7 +195,8 @@ def _run(steps: ir.passes.Sequential, model: ir.Model, ctx: DiagnosticContext) -
             cause = cause.__cause__
         if isinstance(cause, OnnxModularError):
             raise cause from e
-        failed = next((type(p).__name__ for p in steps.passes if f"'{p}'" in str(e)), "emit")
+        failed = next((type(p).__name__ for p in steps.passes
+                       if f"running the '{p}' pass" in str(e)), "emit")
         inner = e.__cause__ or e
         raise ctx.error(rules.PASS_FAILED, pass_name=failed,
                         reason=f"{type(inner).__name__}: {inner}") from e
