@@ -14,9 +14,9 @@ META_PATH = "onnx_modular.module_path"
 META_TYPE = "onnx_modular.module_type"
 META_CALL = "onnx_modular.call_id"
 META_FX_OUTPUTS = "onnx_modular.fx_outputs"  # JSON: the FX node of each call output
-# On a function: the module call its body was built from.
-ORIGIN_PATH = "onnx_modular.origin_path"
-ORIGIN_CALL = "onnx_modular.origin_call_id"
+META_SCOPE = "onnx_modular.scope"  # JSON: [[module path, class], ...] from the root to the call
+# On a function: "relative" when every label inside names paths relative to the module.
+LABELS = "onnx_modular.labels"
 # On an extra function of a class: why it is not the class's first function.
 DIFFERS_FROM = "onnx_modular.differs_from"
 # torch.onnx's, on every node it translates.

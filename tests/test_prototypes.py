@@ -221,6 +221,37 @@ def check_prototypes(result: om.ExportResult) -> None:
         assert function.name != NO_MODULE
 
 
+def assert_bodies_name_no_call(result: om.ExportResult) -> None:
+    """No string inside a function (names, metadata, attributes) names the module path of a
+    call of it: a shared body must read the same for every call."""
+    paths_of: dict[str, set[str]] = collections.defaultdict(set)
+    for call_id, name in result.report.function_of_call.items():
+        paths_of[name].add(call_id.split("@")[0].split("#")[0])
+    for function in result.model_proto.functions:
+        strings = [function.name, *function.input, *function.output]
+        for node in function.node:
+            strings += [node.name, *node.input, *node.output]
+            strings += [p.value for p in node.metadata_props if "stack_trace" not in p.key]
+            strings += [a.s.decode() for a in node.attribute if a.s]
+        strings += [p.value for p in function.metadata_props]
+        for path in paths_of[function.name]:
+            named = [text for text in strings if path and _names(text, path)]
+            assert not named, f"{function.name} names its call '{path}': {named[:3]}"
+
+
+def _names(text: str, path: str) -> bool:
+    """Does ``text`` hold ``path`` as a whole dotted path (not a part of a longer name)?"""
+    start = text.find(path)
+    while start != -1:
+        end = start + len(path)
+        before = text[start - 1] if start else " "
+        after = text[end] if end < len(text) else " "
+        if not (before.isalnum() or before in "._") and not (after.isalnum() or after == "_"):
+            return True
+        start = text.find(path, start + 1)
+    return False
+
+
 def _groups(keys: dict[tuple[str, str], str],
             classes: dict[tuple[str, str], str]) -> dict[tuple[str, str], list[str]]:
     groups: dict[tuple[str, str], list[str]] = collections.defaultdict(list)
@@ -246,6 +277,7 @@ def test_cnn_blocks_share_prototypes(name: str) -> None:
     args = (torch.randn(1, 3, 32, 32),)
     result = om.export(model, args)
     check_prototypes(result)
+    assert_bodies_name_no_call(result)
     assert om.validate(model, args, result, providers="cpu").ok
     flat = om.export(model, args, functions="none")
     assert not flat.model.functions
@@ -393,6 +425,27 @@ def test_translation_failure_after_decomposition_names_the_module() -> None:
         om.export(Blocks(Eigh()), (torch.randn(4, 4),))
 
 
+def test_transformer_bodies_name_no_call_and_inline_back_to_absolute_labels() -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=3, n_embd=16, n_head=2, vocab_size=50, n_positions=16,
+                        use_cache=False, attn_implementation="eager")
+    model = GPT2LMHeadModel(config).eval()
+    args = (torch.randint(0, 50, (1, 6)),)
+    result = om.export(model, args)
+    assert_bodies_name_no_call(result)
+    block = next(f for f in result.model.functions.values() if f.name == "GPT2Block")
+    assert "ln_1.weight" in [v.name for v in block.inputs]
+    # the flat model (every body inlined) labels each copy with its own call
+    flat = om.export(model, args, functions="none").model_proto
+    scopes = [p.value for n in flat.graph.node for p in n.metadata_props
+              if p.key == "pkg.torch.onnx.name_scopes"]
+    for layer in range(3):
+        assert any(f"'transformer.h.{layer}.attn'" in s for s in scopes), layer
+    assert not any("'ln_1'" in s or "'attn'" in s for s in scopes)  # no relative path left
+
+
 # ---- diffusion models (diffusers, tiny configs, random weights) -------------------------------
 
 def _flux() -> tuple[nn.Module, tuple]:
@@ -509,6 +562,7 @@ def test_diffusion_models_share_prototypes(name: str) -> None:
     model, args = DIFFUSION[name]()
     result = om.export(model, args)
     check_prototypes(result)
+    assert_bodies_name_no_call(result)
     assert om.validate(model, args, result, providers="cpu").ok
 
 

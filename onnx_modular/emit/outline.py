@@ -20,11 +20,12 @@ import onnx_ir as ir
 
 from onnx_modular._util import class_identifier, common_prefix
 from onnx_modular.emit.canonical import graph_key
-from onnx_modular.emit.inline import record_origin
+from onnx_modular.emit.labels import call_scope, relativize
 from onnx_modular.metadata import (
     META_CALL,
     META_FX_OUTPUTS,
     META_PATH,
+    META_SCOPE,
     META_TYPE,
     CallInfo,
     fx_name,
@@ -230,6 +231,7 @@ class _Outliner:
                            META_PATH: info.module_path, META_TYPE: info.module_type,
                            META_CALL: info.call_id,
                            META_FX_OUTPUTS: json.dumps([_fx_of(v) for v in outputs]),
+                           META_SCOPE: json.dumps([list(f) for f in call_scope(members, info)]),
                        })
         for old, new in zip(outputs, call.outputs):
             new.name, new.type, new.shape = old.name, old.type, old.shape
@@ -270,7 +272,7 @@ class _Outliner:
         name = base if count == 0 else f"{base}_{count}"
         function = ir.Function(domain, name, graph=body, attributes=[])
         function.doc_string = info.module_type
-        record_origin(function, info.module_path, info.call_id)
+        relativize(function, info, set(self.model.functions))
         self.model.functions[function.identifier()] = function
         self.model.opset_imports.setdefault(domain, 1)
         self.report.functions += 1
