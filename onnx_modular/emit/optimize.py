@@ -8,7 +8,9 @@ longer be folded. After: the full optimizer, on each unique function body once, 
 from __future__ import annotations
 
 import contextlib
+import functools
 
+import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes.common
 import onnxscript.optimizer
@@ -51,6 +53,7 @@ def fold_weights(model: ir.Model, weights: set[str] | frozenset[str] = frozenset
     with _quiet_folding():
         _fold_weights(model)
     _small_initializers_to_constants(model.graph, weights)
+    _contiguous_when_written(model.graph)
 
 
 def _small_initializers_to_constants(graph: ir.Graph, weights: set[str] | frozenset[str]
@@ -72,6 +75,26 @@ def _small_initializers_to_constants(graph: ir.Graph, weights: set[str] | frozen
             graph.append(constant)
         else:
             graph.insert_before(first, constant)
+
+
+def _contiguous_when_written(graph: ir.Graph) -> None:
+    """Folded weights are often views (``Transpose(weight)`` of a Linear): numpy writes a
+    non-contiguous array element by element (~80 MB/s). Each becomes a lazy tensor that makes
+    a contiguous copy when it is serialized: one at a time, at disk speed."""
+    for value in graph.initializers.values():
+        tensor = value.const_value
+        if not isinstance(tensor, ir.Tensor):
+            continue
+        array = tensor.numpy()
+        if not isinstance(array, np.ndarray) or array.flags.c_contiguous:
+            continue
+        value.const_value = ir.LazyTensor(
+            functools.partial(_contiguous, array, tensor.name), dtype=tensor.dtype,
+            shape=tensor.shape, name=tensor.name)
+
+
+def _contiguous(array: np.ndarray, name: str | None) -> ir.Tensor:
+    return ir.Tensor(np.ascontiguousarray(array), name=name)
 
 
 def _fold_weights(model: ir.Model) -> None:
