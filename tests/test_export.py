@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 import onnx_modular as om
-from onnx_modular.lower.translate import quiet_torch_onnx
 from onnx_modular.examples import tiny_gpt, tiny_gpt_inputs
+from onnx_modular.lower.translate import quiet_torch_onnx
 
 
 def _run(proto: onnx.ModelProto, *args: torch.Tensor) -> list[np.ndarray]:

@@ -121,3 +121,38 @@ def test_disk_full_during_an_inline_save_leaves_nothing(tmp_path: Path, monkeypa
     with pytest.raises(om.OnnxModularError, match="no space left on the device"):
         export(1.0).save(tmp_path / "m.onnx")
     assert list(tmp_path.iterdir()) == []
+
+
+class ReturnsNone(nn.Module):
+    def forward(self, x: torch.Tensor) -> None:
+        return None
+
+
+class ReturnsInt(nn.Module):
+    def forward(self, x: torch.Tensor) -> int:
+        return x.shape[0]
+
+
+class ReturnsStr(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, str]:
+        return x + 1, "hello"
+
+
+@pytest.mark.parametrize("model, message", [
+    (ReturnsNone(), "returns no tensor"),
+    (ReturnsInt(), r"output #0 .* constant Python int \(2\), not a tensor"),
+    (ReturnsStr(), r"output #1 .* constant Python str \('hello'\), not a tensor"),
+])
+def test_outputs_that_are_not_tensors_are_one_clear_error(model: nn.Module,
+                                                         message: str) -> None:
+    with pytest.raises(om.OnnxModularError, match=message):
+        om.export(model, (torch.randn(2, 3),))
+
+
+def test_inputs_that_do_not_fit_fail_before_anything_is_written(tmp_path: Path) -> None:
+    """int64 ids into a Linear: torch.export does not run kernels and lets it through;
+    strict ONNX inference stops it, naming the module and the user's line."""
+    with pytest.raises(om.OnnxModularError, match=r"invalid in module 'fc', node 'linear'.*"
+                       r"\[module 'fc', node 'linear', .*test_io\.py:\d+\]"):
+        om.export(Two(1.0).eval(), (torch.randint(0, 5, (2, 16)),))
+    assert list(tmp_path.iterdir()) == []

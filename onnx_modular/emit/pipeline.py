@@ -11,7 +11,9 @@ one :class:`~onnx_ir.passes.Sequential`, so a failure names the step it happened
 4. ``MergeEqualFunctions``: bodies the optimizer made equal become one function, to a
    fixpoint (a parent merges once its children have).
 5. ``ExplainDifferences``: each function of a class but the first says why it stayed apart.
-6. ``InlineAll`` (flat output only): every call inlined, labels moved to the actual call.
+6. ``InlineAll`` (flat output only): every call inlined, labels made absolute per copy.
+7. ``Verify``: strict ONNX type and shape inference; a model ONNX Runtime would reject is an
+   error naming the module and FX node, before anything is written.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from onnx_modular.emit.outline import (
     outline,
     selector,
 )
+from onnx_modular.emit.verify import verify
 from onnx_modular.errors import rules
 from onnx_modular.metadata import CallInfo
 from onnx_modular.passes.infra import PassManager
@@ -126,6 +129,15 @@ class ExplainDifferences(ir.passes.InPlacePass):
         return ir.passes.PassResult(model, modified=False)
 
 
+class Verify(ir.passes.InPlacePass):
+    """Strict ONNX type and shape inference: a model ONNX Runtime would reject is an error
+    here, naming the module and FX node, before anything is written."""
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        verify(model)
+        return ir.passes.PassResult(model, modified=False)
+
+
 class InlineAll(ir.passes.InPlacePass):
     """The flat model: every call inlined; constants shared as initializers again."""
 
@@ -169,6 +181,7 @@ def emit_model(model: ir.Model, chains: Chains, weights: frozenset[str] | set[st
         steps.append(ExplainDifferences())
     if options.flat:
         steps.append(InlineAll(options.optimize))
+    steps.append(Verify())
     with ctx.scope("Emit"):
         _run(ir.passes.Sequential(*steps), model, ctx)
     if isinstance(select, Selection) and select.unmatched():

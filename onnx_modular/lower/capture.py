@@ -29,14 +29,37 @@ def capture(model: Any, args: Any = (), kwargs: dict[str, Any] | None = None,
     if not isinstance(args, tuple):
         args = tuple(args) if isinstance(args, list) else (args,)
     try:
-        return torch.export.export(model, args, kwargs or {}, dynamic_shapes=dynamic_shapes,
-                                   strict=False)
+        program = torch.export.export(model, args, kwargs or {}, dynamic_shapes=dynamic_shapes,
+                                      strict=False)
     except Exception as e:
         lines = [line for line in str(e).strip().splitlines() if line.strip()]
         first = lines[0] if lines else ""
         raise ctx.error(rules.EXPORT_FAILED, failing_module(model, e), reason=(
             f"torch.export failed on {type(model).__name__}: {type(e).__name__}: {first}"
         )) from e
+    check_outputs(program, type(model).__name__, ctx)
+    return program
+
+
+def check_outputs(program: torch.export.ExportedProgram, name: str,
+                  ctx: DiagnosticContext) -> None:
+    """ONNX outputs are tensors: a forward that returns nothing, or a Python constant, would
+    export into a model without outputs or fail deep inside torch.onnx."""
+    from torch.export.graph_signature import ConstantArgument, OutputKind
+
+    outputs = [spec for spec in program.graph_signature.output_specs
+               if spec.kind == OutputKind.USER_OUTPUT]
+    for k, spec in enumerate(outputs):
+        if isinstance(spec.arg, ConstantArgument) and spec.arg.value is not None:
+            value = spec.arg.value
+            raise ctx.error(rules.UNSUPPORTED_INPUT, Location(module_path=""), reason=(
+                f"output #{k} of {name}.forward() is a constant Python "
+                f"{type(value).__name__} ({value!r:.40}), not a tensor: ONNX outputs are "
+                "tensors; return torch.tensor(...) or leave it out"))
+    if not [s for s in outputs if not isinstance(s.arg, ConstantArgument)]:
+        raise ctx.error(rules.UNSUPPORTED_INPUT, Location(module_path=""), reason=(
+            f"{name}.forward() returns no tensor (None or only in-place updates): an ONNX "
+            "model needs at least one output"))
 
 
 def failing_module(model: torch.nn.Module, error: BaseException) -> Location:
