@@ -123,13 +123,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("split", help="split into accelerator/CPU regions or pipeline stages",
                        parents=[common])
     _add_model_inputs(p)
-    how = p.add_mutually_exclusive_group(required=True)
-    how.add_argument("--acc-ops", metavar="FILE", help="file listing supported aten ops")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--acc-ops", metavar="FILE",
+                     help="file listing supported ops (aten.gelu, onnx::MatMul; !name denies)")
     how.add_argument("--acc-ep", metavar="NAME", help="ONNX Runtime execution provider name")
     how.add_argument("--split-points", metavar="P",
                      help="pipeline stages, e.g. 'h.4:beginning,h.9:end'")
     how.add_argument("--markers", action="store_true",
                      help="pipeline stages at the model's om.pipe_split() markers")
+    p.add_argument("--num-stages", type=int, metavar="N",
+                   help="N pipeline stages balanced by weight bytes, cut between blocks")
+    p.add_argument("--max-stage-bytes", metavar="SIZE",
+                   help="pipeline stages of at most SIZE weight bytes each (2GB, 512MiB)")
     p.add_argument("--min-acc-size", type=int, default=1)
     p.add_argument("--max-acc-splits", type=int, default=-1)
     p.add_argument("--preview", action="store_true", help="print the support/region preview")
@@ -247,12 +252,49 @@ def _finish(rep: Any, ok: bool, report: str | None) -> int:
     return EXIT_OK if ok else EXIT_MISMATCH
 
 
+def _balanced_options(args: argparse.Namespace) -> tuple[int | None, int | None]:
+    """``--num-stages`` / ``--max-stage-bytes``, checked before any work."""
+    from onnx_modular._util import parse_bytes
+    from onnx_modular.cli.loading import user_error
+
+    chosen = [f for f, v in (("--acc-ops", args.acc_ops), ("--acc-ep", args.acc_ep),
+                             ("--split-points", args.split_points),
+                             ("--markers", args.markers)) if v]
+    balanced = args.num_stages is not None or args.max_stage_bytes is not None
+    if not chosen and not balanced:
+        raise user_error("split needs one of --acc-ops, --acc-ep, --split-points, --markers, "
+                         "--num-stages or --max-stage-bytes")
+    if balanced and chosen:
+        raise user_error(f"--num-stages/--max-stage-bytes make stages by themselves; drop "
+                         f"{chosen[0]}")
+    if args.num_stages is not None and args.num_stages < 1:
+        raise user_error(f"--num-stages must be at least 1, got {args.num_stages}")
+    budget = None
+    if args.max_stage_bytes is not None:
+        try:
+            budget = parse_bytes(args.max_stage_bytes)
+        except ValueError as e:
+            raise user_error(f"--max-stage-bytes: {e}") from None
+        if budget < 1:
+            raise user_error(f"--max-stage-bytes must be positive, got {args.max_stage_bytes}")
+    return args.num_stages, budget
+
+
 def cmd_split(args: argparse.Namespace) -> int:
     import onnx_modular as om
 
+    num_stages, budget = _balanced_options(args)
     model, inputs, kwargs = _load(args)
+    if num_stages is not None or budget is not None:
+        with _step("Capturing and planning the stages"):
+            program = om.capture(model, inputs, kwargs or None)
+            plan = om.plan_stages(program, num_stages=num_stages, max_stage_bytes=budget)
+        out.print(str(plan), highlight=False)  # the plan, before the long work
+        model, inputs, kwargs = program, (), {}
     with _step("Splitting"):
-        if args.split_points or args.markers:
+        if num_stages is not None or budget is not None:
+            parts: Any = om.split_stages(model, num_stages=num_stages, max_stage_bytes=budget)
+        elif args.split_points or args.markers:
             points = _parse_split_points(args.split_points) if args.split_points else None
             parts = om.split_stages(model, inputs, split_points=points, kwargs=kwargs or None)
         else:

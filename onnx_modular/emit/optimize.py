@@ -23,8 +23,9 @@ from onnx_modular._compat import (
 
 def _quiet_folding() -> contextlib.AbstractContextManager[None]:
     """The folder warns on stderr about every node its reference evaluator cannot evaluate
-    (such a node is simply left as it is); keep that out of the user's terminal."""
-    return quiet_loggers(FOLDING_LOGGER)
+    (such a node is simply left as it is), the deduplicator about every constant that is a
+    region's output; keep that out of the user's terminal."""
+    return quiet_loggers(FOLDING_LOGGER, "onnx_ir.passes.common.initializer_deduplication")
 
 
 #: Folded values up to this many elements (shapes, axes, scalars) go back into the bodies.
