@@ -33,6 +33,7 @@ from onnx_modular.errors import rules
 from onnx_modular.lower.capture import capture
 from onnx_modular.lower.translate import Translation, check_opset, translate
 from onnx_modular.parts.manifest import build_manifest, save_parts
+from onnx_modular.parts.triton import TritonRepository, save_triton
 from onnx_modular.passes.infra import PassManager
 from onnx_modular.passes.split import Region, SplitPass, SplitPassResult, SplitPlan
 from onnx_modular.support.matching import forbidden_onnx_ops
@@ -149,6 +150,20 @@ class SplitResult:
         atomic_write_bytes(target, ir.serde.serialize_model(self.single_model())
                            .SerializeToString())
         return target
+
+    def save_triton(self, repo: str | os.PathLike[str], *, name: str = "model",
+                    instances: int = 1, gpus: Any = None,
+                    external_data: bool | None = None) -> TritonRepository:
+        """A Triton model repository: one onnxruntime model per part (``KIND_GPU`` for
+        accelerator parts and stages, ``KIND_CPU`` for CPU regions) and the ensemble
+        ``name`` that chains them; serve it with ``tritonserver --model-repository repo``.
+
+        ``instances``: instances per part; ``gpus``: GPU ids the accelerator parts are
+        spread over in turn (or part name -> ids); ``external_data``: weights beside each
+        model in ``model.onnx.data`` (``None``: only above 2 GB).
+        """
+        return save_triton(repo, self.onnx_model.graph, self.region_graphs(), name=name,
+                           instances=instances, gpus=gpus, external_data=external_data)
 
     def preview(self, console: Any = None) -> None:
         """Print the operator-support and region tables."""

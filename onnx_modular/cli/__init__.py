@@ -135,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="N pipeline stages balanced by weight bytes, cut between blocks")
     p.add_argument("--max-stage-bytes", metavar="SIZE",
                    help="pipeline stages of at most SIZE weight bytes each (2GB, 512MiB)")
+    p.add_argument("--triton", metavar="DIR",
+                   help="also write a Triton model repository (a model per part + ensemble)")
     p.add_argument("--min-acc-size", type=int, default=1)
     p.add_argument("--max-acc-splits", type=int, default=-1)
     p.add_argument("--preview", action="store_true", help="print the support/region preview")
@@ -284,6 +286,10 @@ def cmd_split(args: argparse.Namespace) -> int:
     import onnx_modular as om
 
     num_stages, budget = _balanced_options(args)
+    if args.triton and Path(args.triton).exists() and not Path(args.triton).is_dir():
+        from onnx_modular.cli.loading import user_error
+
+        raise user_error(f"--triton: '{args.triton}' is a file, not a directory")
     model, inputs, kwargs = _load(args)
     if num_stages is not None or budget is not None:
         with _step("Capturing and planning the stages"):
@@ -319,6 +325,12 @@ def cmd_split(args: argparse.Namespace) -> int:
         parts.save(args.output)
     regions = getattr(parts, "regions", None) or getattr(parts, "stages", [])
     out.print(f"{len(regions)} part(s) and manifest.json written to {args.output}")
+    if args.triton:
+        with _step(f"Writing the Triton model repository {args.triton}"):
+            repo = parts.save_triton(args.triton)
+        out.print(f"Triton model repository written to {args.triton}: "
+                  f"{', '.join(repo.models)} (ensemble '{repo.ensemble}'); serve it with "
+                  f"tritonserver --model-repository {args.triton}", highlight=False)
     return EXIT_OK
 
 
