@@ -135,7 +135,8 @@ def torchlib_onnx_ops(op_name: str) -> frozenset[str] | None:
     try:
         packet = getattr(getattr(torch.ops, parts[0]), parts[1])
         overloads = [parts[2]] if len(parts) > 2 else list(packet.overloads())
-        registry = _registry(max(default_opset(), torchlib_opset()))
+        with quiet_loggers("torch.onnx"):  # building it warns about torchvision
+            registry = _registry(max(default_opset(), torchlib_opset()))
         functions = [d.onnx_function for o in overloads
                      for d in registry.get_decomps(getattr(packet, o))]
     except Exception:

@@ -176,10 +176,11 @@ def test_cli_prints_the_plan_before_writing(tmp_path, capsys) -> None:
     assert main(["split", f"{file}:model", "--inputs", f"{file}:inputs",
                  "--max-stage-bytes", "lots", "-o", str(tmp_path / "x")]) == 2
     assert "'lots' is not a size" in capsys.readouterr().err
-    assert main(["split", f"{file}:model", "--inputs", f"{file}:inputs",
-                 "--num-stages", "2", "--markers", "-o", str(tmp_path / "x")]) == 2
-    assert main(["split", f"{file}:model", "--inputs", f"{file}:inputs",
-                 "-o", str(tmp_path / "x")]) == 2
+    with pytest.raises(SystemExit) as exc:
+        main(["split", f"{file}:model", "--inputs", f"{file}:inputs",
+              "--num-stages", "2", "--markers", "-o", str(tmp_path / "x")])
+    assert exc.value.code == 2
+    assert "argument --markers: not allowed with" in capsys.readouterr().err
 
 
 def test_parse_bytes() -> None:

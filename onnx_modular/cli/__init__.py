@@ -263,12 +263,14 @@ def _balanced_options(args: argparse.Namespace) -> tuple[int | None, int | None]
                              ("--split-points", args.split_points),
                              ("--markers", args.markers)) if v]
     balanced = args.num_stages is not None or args.max_stage_bytes is not None
-    if not chosen and not balanced:
-        raise user_error("split needs one of --acc-ops, --acc-ep, --split-points, --markers, "
-                         "--num-stages or --max-stage-bytes")
-    if balanced and chosen:
-        raise user_error(f"--num-stages/--max-stage-bytes make stages by themselves; drop "
-                         f"{chosen[0]}")
+    if bool(chosen) == balanced:  # none given, or balanced stages with another mode
+        # a usage error, as argparse reports one (its groups cannot say "these two together")
+        message = ("one of the arguments --acc-ops --acc-ep --split-points --markers "
+                   "--num-stages --max-stage-bytes is required" if not chosen else
+                   f"argument {chosen[0]}: not allowed with --num-stages/--max-stage-bytes")
+        err.print(f"[bold red]error:[/bold red] onnx-modular split: {escape(message)}",
+                  highlight=False)
+        raise SystemExit(EXIT_USAGE)
     if args.num_stages is not None and args.num_stages < 1:
         raise user_error(f"--num-stages must be at least 1, got {args.num_stages}")
     budget = None

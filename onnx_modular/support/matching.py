@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 from collections.abc import Iterable, Mapping
 
 import torch
@@ -42,6 +43,7 @@ class EntryFinding:
     message: str
 
 
+@functools.lru_cache(maxsize=256)
 def characteristic_onnx_ops(op_name: str) -> frozenset[str]:
     """The ONNX op types that stand for a torch op (``aten.softmax`` -> Softmax): torchlib's
     translation less data-moving glue, else an ONNX op of the same name."""
@@ -133,11 +135,11 @@ def entry_findings(support: OperatorSupport, nodes: list[torch.fx.Node],
 def _torch_deny_finding(entry: OpEntry, matched: list[torch.fx.Node],
                         nodes: list[torch.fx.Node], context: SupportContext,
                         acc: set[torch.fx.Node]) -> list[EntryFinding]:
-    ops = characteristic_onnx_ops(entry.name)
-    if not context.onnx_nodes:
+    if not context.onnx_nodes:  # judged on FX alone: no translation to look into
         if matched:
             return []
         return [EntryFinding(entry, True, f"{entry.name} matched no node; it denies nothing")]
+    ops = characteristic_onnx_ops(entry.name)
     if not matched:
         found = _who_emits(ops, [n for n in nodes if n in acc], context)
         if found:
