@@ -126,6 +126,13 @@ def test_optimizer_never_brings_a_denied_op_back(deny: list[str], tmp_path) -> N
     out = result.save(tmp_path / "parts")
     assert all("Clip" not in types for types in acc_op_types(out).values())
     assert ("", "Clip") in result.forbidden_ops
+    if deny == ["aten.clamp"]:  # clamp became Max/Min, which maximum/minimum also emit
+        (warning,) = warnings_of(result)
+        assert warning.startswith("aten.clamp keeps 1 node(s) off the accelerator, but on it "
+                                  "`Max` is emitted by 1 `aten.maximum` node")
+    else:
+        (warning,) = warnings_of(result)
+        assert "deny entry 'onnx::Clip' matched no node" in warning
     np.testing.assert_allclose(om.SplitRunner(out).run(x), model(x).detach().numpy(),
                                rtol=1e-5, atol=1e-5)
 
