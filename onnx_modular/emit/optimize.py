@@ -15,13 +15,19 @@ import onnx_ir as ir
 import onnx_ir.passes.common
 import onnxscript.optimizer
 
-from onnx_modular._compat import FOLDING_LOGGER, fold_constants_pass, quiet_loggers
+from onnx_modular._compat import (
+    FOLDING_LOGGER,
+    fold_constants_pass,
+    optimize_ir_avoiding,
+    quiet_loggers,
+)
 
 
 def _quiet_folding() -> contextlib.AbstractContextManager[None]:
     """The folder warns on stderr about every node its reference evaluator cannot evaluate
-    (such a node is simply left as it is); keep that out of the user's terminal."""
-    return quiet_loggers(FOLDING_LOGGER)
+    (such a node is simply left as it is), the deduplicator about every constant that is a
+    region's output; keep that out of the user's terminal."""
+    return quiet_loggers(FOLDING_LOGGER, "onnx_ir.passes.common.initializer_deduplication")
 
 
 #: Folded values up to this many elements (shapes, axes, scalars) go back into the bodies.
@@ -102,14 +108,19 @@ def _fold_weights(model: ir.Model) -> None:
     ir.passes.common.RemoveUnusedNodesPass()(model)
 
 
-def optimize(model: ir.Model) -> None:
+def optimize(model: ir.Model, avoid: frozenset[str] = frozenset()) -> None:
     """Constant folding, rewrites and dead-code removal on the main graph and every body.
 
     With ``inline=False`` a body shared by 48 layers is optimized once, which is what makes
-    hierarchical export cheaper than the flat optimizer's pass over 48 copies.
+    hierarchical export cheaper than the flat optimizer's pass over 48 copies. ``avoid``:
+    ONNX op types no rewrite may create (an accelerator region's denied ops: a Min/Max pair
+    must not come back as the Clip the user kept off the accelerator).
     """
     with _quiet_folding():
-        onnxscript.optimizer.optimize_ir(model, inline=False)
+        if avoid:
+            optimize_ir_avoiding(model, avoid)
+        else:
+            onnxscript.optimizer.optimize_ir(model, inline=False)
     if collapse_reshapes(model):
         ir.passes.common.RemoveUnusedNodesPass()(model)
     remove_unused_initializers(model.graph)

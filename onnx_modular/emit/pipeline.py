@@ -58,6 +58,8 @@ class EmitOptions:
     functions: Any = "all"  # "all" | "none" (flat) | classes, class names or module paths
     dedupe: bool = True
     optimize: bool = True
+    #: ONNX op types the optimizer's rewrites must not create (an acc region's denied ops)
+    avoid_ops: frozenset[str] = frozenset()
 
     @property
     def flat(self) -> bool:
@@ -106,8 +108,12 @@ class Outline(ir.passes.InPlacePass):
 
 
 class Optimize(ir.passes.InPlacePass):
+    def __init__(self, avoid: frozenset[str] = frozenset()) -> None:
+        super().__init__()
+        self.avoid = avoid
+
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        optimize(model)
+        optimize(model, self.avoid)
         return ir.passes.PassResult(model, modified=True)
 
 
@@ -174,7 +180,7 @@ def emit_model(model: ir.Model, chains: Chains, weights: frozenset[str] | set[st
     if options.optimize or not options.flat:
         steps.append(Outline(chains, select, options.dedupe, report))
     if options.optimize:
-        steps.append(Optimize())
+        steps.append(Optimize(options.avoid_ops))
         if options.dedupe and not options.flat:  # flat: everything is inlined right after
             steps.append(MergeEqualFunctions(report))
     if options.dedupe and not options.flat:
