@@ -1,4 +1,4 @@
-"""A hand-built hierarchical ONNX model with the call-node metadata CONTRACTS.md specifies.
+"""A hand-built hierarchical ONNX model with the call-node metadata docs/ARCHITECTURE.md specifies.
 
 It stands in for the hierarchical exporter in the validate/compare tests: a ``Net`` of three
 ``Layer`` calls that share one ``Layer`` function, whose body calls a shared ``Lin`` function.
