@@ -603,3 +603,18 @@ def test_timm_vit_blocks_share_one_function_under_a_dynamic_batch() -> None:
     check_prototypes(result)
     assert calls_of(result, "Block") == {"Block": 4}
     assert om.validate(model, (torch.randn(3, 3, 32, 32),), result, providers="cpu").ok
+
+
+def test_inspect_shows_why_functions_of_a_class_stayed_apart(tmp_path) -> None:
+    from onnx_modular.cli import main
+
+    torch.manual_seed(0)
+    om.export(ResNet().eval(), (torch.randn(1, 3, 32, 32),)).save(tmp_path / "r.onnx")
+    import contextlib
+    import io
+
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        assert main(["inspect", str(tmp_path / "r.onnx")]) == 0
+    text = buffer.getvalue()
+    assert "differs from" in text and "BasicBlock: " in text
