@@ -4,7 +4,7 @@ from onnx_modular._version import __version__ as __version__
 from onnx_modular.api.export import ExportResult, export
 from onnx_modular.api.hook import hook
 from onnx_modular.api.split import SplitResult, split
-from onnx_modular.api.stages import Stage, StagesResult, split_by, split_stages
+from onnx_modular.api.stages import Stage, StagesResult, plan_stages, split_by, split_stages
 from onnx_modular.check.compare import CompareReport, compare
 from onnx_modular.check.validate import ValidationReport, validate
 from onnx_modular.diagnostics import (
@@ -43,6 +43,7 @@ __all__ = [
     "module_call_chains",
     "split",
     "pipe_split",
+    "plan_stages",
     "split_by",
     "split_stages",
     "Stage",

@@ -120,6 +120,55 @@ def torch_onnx_export(program: torch.export.ExportedProgram, opset: int | None) 
                         verbose=False)
 
 
+def torchlib_onnx_ops(op_name: str) -> frozenset[str] | None:
+    """The ONNX op types torchlib's translation of an ATen op emits (``aten.softmax`` ->
+    Softmax, Cast, ...), read from the source of its translation functions; ``None`` when
+    the op or its translation cannot be found. Used for hints, never for decisions."""
+    import ast
+    import inspect
+    import re
+    import textwrap
+
+    if _EXPORTER is None:
+        return None
+    parts = op_name.split(".")
+    try:
+        packet = getattr(getattr(torch.ops, parts[0]), parts[1])
+        overloads = [parts[2]] if len(parts) > 2 else list(packet.overloads())
+        with quiet_loggers("torch.onnx"):  # building it warns about torchvision
+            registry = _registry(max(default_opset(), torchlib_opset()))
+        functions = [d.onnx_function for o in overloads
+                     for d in registry.get_decomps(getattr(packet, o))]
+    except Exception:
+        return None
+    found: set[str] = set()
+    seen: set[int] = set()
+
+    def visit(fn: Any, depth: int) -> None:
+        fn = getattr(fn, "func", fn)
+        if id(fn) in seen or depth > 3 or not callable(fn):
+            return
+        seen.add(id(fn))
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+        except (OSError, TypeError, SyntaxError):
+            return
+        scope = getattr(inspect.getmodule(fn), "__dict__", {})
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) \
+                    and re.fullmatch(r"op\d*", f.value.id):
+                found.add(f.attr)
+            elif isinstance(f, ast.Name) and f.id.startswith("_"):  # a torchlib helper
+                visit(scope.get(f.id), depth + 1)
+
+    for fn in functions:
+        visit(fn, 0)
+    return frozenset(found) if functions else None
+
+
 @contextlib.contextmanager
 def replaced_torch_onnx_export(make: Callable[[Callable[..., Any]], Callable[..., Any]]
                                ) -> Iterator[None]:
@@ -145,6 +194,59 @@ def fold_constants_pass() -> Any:
         shape_inference=False,
         input_size_limit=folding.DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT,
         output_size_limit=folding.DEFAULT_CONSTANT_FOLD_OUTPUT_SIZE_LIMIT)
+
+
+class _AvoidingRule:
+    """A rewrite rule that declines any rewrite whose new nodes include a type in ``avoid``."""
+
+    def __init__(self, rule: Any, avoid: frozenset[str]) -> None:
+        self._rule, self._avoid = rule, avoid
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._rule, name)
+
+    def try_rewrite(self, *args: Any, **kwargs: Any) -> Any:
+        delta = self._rule.try_rewrite(*args, **kwargs)
+        if delta is not None and any(n.op_type in self._avoid for n in delta.new_nodes):
+            return None
+        return delta
+
+    def __repr__(self) -> str:
+        return f"Avoiding({self._rule!r}, {sorted(self._avoid)})"
+
+
+def optimize_ir_avoiding(model: ir.Model, avoid: frozenset[str]) -> None:
+    """``onnxscript.optimizer.optimize_ir(model, inline=False)`` whose rewrite rules never
+    make a node of an op type in ``avoid`` (a rule that would is skipped at that match).
+
+    The pass list mirrors onnxscript 0.7's ``optimize_ir``; only the rule set differs.
+    """
+    import onnxscript.rewriter as rewriter
+    from onnx_ir.passes import common as common_passes
+    from onnxscript.optimizer import _constant_folding as folding
+
+    rules = [_AvoidingRule(r, avoid) for r in rewriter._DEFAULT_REWRITE_RULES]
+    passes = [
+        ir.passes.PassManager([
+            folding.FoldConstantsPass(
+                shape_inference=True,
+                input_size_limit=folding.DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT,
+                output_size_limit=folding.DEFAULT_CONSTANT_FOLD_OUTPUT_SIZE_LIMIT,
+                should_fold=lambda node: None),
+            rewriter.RewritePass(rewriter.pattern.RewriteRuleSet(rules)),  # type: ignore[arg-type]
+            common_passes.RemoveUnusedNodesPass(),
+            common_passes.RemoveUnusedFunctionsPass(),
+            common_passes.RemoveUnusedOpsetsPass(),
+        ], steps=2, early_stop=True),
+        common_passes.RemoveUnusedNodesPass(),
+        common_passes.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0),
+        common_passes.LiftSubgraphInitializersToMainGraphPass(),
+        common_passes.DeduplicateInitializersPass(),
+        common_passes.CommonSubexpressionEliminationPass(),
+        common_passes.OutputFixPass(),
+        common_passes.NameFixPass(),
+    ]
+    ir.passes.Sequential(*passes)(model)
 
 
 #: The logger the folder warns on for every node its reference evaluator cannot evaluate.

@@ -41,3 +41,25 @@ def class_identifier(type_name: str, default: str = "Module") -> str:
     """``pkg.mod.GPT2Block`` -> ``GPT2Block``, made a valid identifier (function and
     GraphModule class names)."""
     return re.sub(r"\W", "_", type_name.rsplit(".", 1)[-1]) or default
+
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
+          "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
+          "tib": 2**40}
+
+
+def parse_bytes(text: str) -> int:
+    """``"2GB"`` -> 2_000_000_000, ``"1.5GiB"`` -> 1_610_612_736, ``"4096"`` -> 4096
+    (SI units are powers of 1000, ``KiB``/``MiB``/``GiB`` powers of 1024)."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", text)
+    if not match or match.group(2).lower() not in _UNITS:
+        raise ValueError(f"'{text}' is not a size; expected e.g. 2GB, 512MiB or 1e9")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def format_bytes(n: int) -> str:
+    """1_234_567 -> ``"1.23 MB"`` (SI, as sizes on disk are shown)."""
+    for unit, size in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} B"

@@ -40,6 +40,9 @@ class rules:  # noqa: N801 - a namespace, read as ``rules.X``
     SPLIT_PREVIEW = _rule("OM0302", "split-preview", "{reason}")
     SPLIT_LIMIT = _rule("OM0303", "split-limit", "{reason}")
     SPLIT_POINT = _rule("OM0304", "split-point", "{reason}")
+    STAGE_PLAN = _rule("OM0305", "stage-plan", "{reason}")
+    SUPPORT_UNMATCHED = _rule("OM0306", "support-entry-unmatched", "{reason}")
+    DENIED_ON_ACC = _rule("OM0307", "denied-op-on-accelerator", "{reason}")
     VALIDATION = _rule("OM0401", "validation", "{reason}")
     BAD_INPUT = _rule("OM0501", "bad-input", "{reason}")
 

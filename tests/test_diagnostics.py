@@ -111,6 +111,6 @@ def test_sarif_structure(tmp_path) -> None:
 
 
 def test_sarif_write_to_missing_directory_fails_cleanly(tmp_path) -> None:
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(OnnxModularError, match="does not exist"):
         write_sarif([], str(tmp_path / "nope" / "x.sarif"))
     assert not (tmp_path / "nope").exists()

@@ -254,3 +254,10 @@ def test_cli_split_points_and_markers(tmp_path, assert_close) -> None:
     assert main(["split", f"{src}:Net", "--input", "2x8:float32", "--split-points",
                  "layers.7:beginning", "-o", str(tmp_path / "bad")]) == 2
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_model_with_markers_exports_whole() -> None:
+    """pipe_split() markers cut stages; om.export of the same model ignores them."""
+    model, args = models.Marked(8).eval(), (torch.randn(2, 8),)
+    result = om.export(model, args)
+    assert om.validate(model, args, result, providers="cpu").ok

@@ -21,6 +21,8 @@ from onnx_modular.emit.outline import OutlineReport
 from onnx_modular.emit.pipeline import EmitOptions, emit_program
 from onnx_modular.lower.capture import capture
 from onnx_modular.lower.translate import check_opset, translate
+from onnx_modular.metadata import DIFFERS_FROM
+from onnx_modular.passes.stages import without_markers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +34,7 @@ class FunctionInfo:
     module_type: str  # the qualified class (the function's doc_string)
     nodes: int  # in its body, nested call nodes included
     calls: tuple[str, ...]  # call ids of the module calls it stands for, in execution order
+    differs_from: str = ""  # for a class's extra function: "BasicBlock: extra ..., ..."
 
 
 @dataclasses.dataclass
@@ -60,7 +63,8 @@ class ExportResult:
             for call_id, name in self.report.function_of_call.items():
                 calls.setdefault(name, []).append(call_id)
         return [FunctionInfo(f.name, f.domain, f.doc_string or "", len(f),
-                             tuple(calls.get(f.name, ())))
+                             tuple(calls.get(f.name, ())),
+                             f.metadata_props.get(DIFFERS_FROM, ""))
                 for f in self.model.functions.values()]
 
     def save(self, path: str | os.PathLike[str], *,
@@ -91,7 +95,8 @@ def export(model: Any, args: Any = (), kwargs: dict[str, Any] | None = None, *,
     # Export builds millions of small objects and keeps them to the end: full cyclic
     # collections meanwhile rescan the model again and again (10-20% of the export time).
     with gc_paused():
-        program = capture(model, args, kwargs, dynamic_shapes, ctx)
+        # pipe_split() markers cut stages (om.split_stages); a whole export ignores them
+        program = without_markers(capture(model, args, kwargs, dynamic_shapes, ctx))
         translation = translate(program, opset=opset, ctx=ctx)
         report = emit_program(translation.model, translation.program, options, ctx)
     return ExportResult(translation.model, ctx.diagnostics, translation.program,

@@ -10,6 +10,7 @@ stages); ``save_single`` writes one model of region functions.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -21,14 +22,31 @@ import torch
 from onnx_modular._io import atomic_write_bytes
 from onnx_modular.diagnostics import Diagnostic, DiagnosticContext
 from onnx_modular.emit.pipeline import EmitOptions, call_chains, emit_model, program_weights
-from onnx_modular.emit.regions import RegionGraph, partition, region_chains, single_model
+from onnx_modular.emit.regions import (
+    RegionGraph,
+    op_types_in,
+    partition,
+    region_chains,
+    single_model,
+)
+from onnx_modular.errors import rules
 from onnx_modular.lower.capture import capture
 from onnx_modular.lower.translate import Translation, check_opset, translate
 from onnx_modular.parts.manifest import build_manifest, save_parts
+from onnx_modular.parts.triton import TritonRepository, save_triton
 from onnx_modular.passes.infra import PassManager
 from onnx_modular.passes.split import Region, SplitPass, SplitPassResult, SplitPlan
+from onnx_modular.support.matching import forbidden_onnx_ops
 from onnx_modular.support.onnx_index import SupportContext, fx_to_onnx_nodes
-from onnx_modular.support.operator_support import resolve_support
+from onnx_modular.support.operator_support import (
+    CALLABLE_OPS,
+    OnnxOp,
+    OpEntry,
+    OperatorSupport,
+    onnx_display,
+    onnx_op_types,
+    resolve_support,
+)
 
 
 def translate_for_parts(program: torch.export.ExportedProgram, opset: int | None,
@@ -44,8 +62,13 @@ class SplitResult:
 
     def __init__(self, plan: SplitPlan, graph_module: torch.fx.GraphModule,
                  translation: Translation, source: torch.fx.GraphModule,
-                 ctx: DiagnosticContext, hierarchical: bool = True) -> None:
+                 ctx: DiagnosticContext, hierarchical: bool = True,
+                 forbidden_ops: frozenset[OnnxOp] = frozenset(),
+                 entries: tuple[OpEntry, ...] = ()) -> None:
         self.plan = plan
+        #: ONNX ops no accelerator model may hold (what the support kept off it)
+        self.forbidden_ops = forbidden_ops
+        self._entries = entries  # the support's allow/deny names
         self.hierarchical = hierarchical
         self.graph_module = graph_module
         self.onnx_model = translation.model  # the unoptimized translation regions are cut from
@@ -76,13 +99,30 @@ class SplitResult:
                                index, meta.get, self._ctx)
             _, chains = call_chains(self.program, self._ctx)
             options = EmitOptions("all" if self.hierarchical else "none")
+            acc_options = dataclasses.replace(
+                options, avoid_ops=frozenset(op for _, op in self.forbidden_ops))
             weights = program_weights(self.program)
             for graph, chain in zip(graphs, region_chains(chains, index, len(graphs)),
                                     strict=True):
                 with self._ctx.scope(graph.name):
-                    emit_model(graph.model, chain, weights, options, self._ctx)
+                    emit_model(graph.model, chain, weights,
+                               acc_options if graph.is_acc else options, self._ctx)
+                    if graph.is_acc:
+                        self._check_acc_model(graph)
             self._region_graphs = graphs
         return self._region_graphs
+
+    def _check_acc_model(self, graph: RegionGraph) -> None:
+        """The final word on a denied op: the emitted acc model, function bodies included."""
+        held = op_types_in(graph.model)
+        for op in sorted(self.forbidden_ops & set(held)):
+            denied = any(e.onnx == op and e.kind == "deny" for e in self._entries)
+            why = (f"'{onnx_display(op)}' is denied" if denied else
+                   "only nodes the support keeps off the accelerator emit it")
+            raise self._ctx.error(rules.DENIED_ON_ACC, reason=(
+                f"accelerator region '{graph.name}' holds {op[1]} ({held[op][0]}) although "
+                f"{why}; the emit pipeline made it from supported nodes — this is a bug, "
+                "please report it (workaround: deny the ops it was made from)"))
 
     def region_protos(self) -> dict[str, Any]:
         """Region name -> ``onnx.ModelProto``."""
@@ -111,6 +151,20 @@ class SplitResult:
                            .SerializeToString())
         return target
 
+    def save_triton(self, repo: str | os.PathLike[str], *, name: str = "model",
+                    instances: int = 1, gpus: Any = None,
+                    external_data: bool | None = None) -> TritonRepository:
+        """A Triton model repository: one onnxruntime model per part (``KIND_GPU`` for
+        accelerator parts and stages, ``KIND_CPU`` for CPU regions) and the ensemble
+        ``name`` that chains them; serve it with ``tritonserver --model-repository repo``.
+
+        ``instances``: instances per part; ``gpus``: GPU ids the accelerator parts are
+        spread over in turn (or part name -> ids); ``external_data``: weights beside each
+        model in ``model.onnx.data`` (``None``: only above 2 GB).
+        """
+        return save_triton(repo, self.onnx_model.graph, self.region_graphs(), name=name,
+                           instances=instances, gpus=gpus, external_data=external_data)
+
     def preview(self, console: Any = None) -> None:
         """Print the operator-support and region tables."""
         print_preview(self.plan, console)
@@ -119,18 +173,20 @@ class SplitResult:
 def print_preview(plan: SplitPlan, console: Any = None) -> None:
     """The support and region tables of a split plan (rich)."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = console or Console()
     support = Table(title="Operator support")
-    for col in ("operator", "supported", "nodes"):
+    for col in ("operator", "nodes", "supported", "why"):
         support.add_column(col, justify="right" if col == "nodes" else "left")
     rows: Iterable[tuple[str, bool, int]] = sorted(
         [(k, True, v) for k, v in plan.supported_ops.items()]
         + [(k, False, v) for k, v in plan.unsupported_ops.items()],
         key=lambda t: (t[1], -t[2], t[0]))
     for op, ok, count in rows:
-        support.add_row(op, "yes" if ok else "[red]no[/red]", str(count))
+        support.add_row(op, str(count), "yes" if ok else "[red]no[/red]",
+                        escape(plan.reasons.get((op, ok), "")))
     console.print(support)
     regions = Table(title="Regions")
     for col in ("region", "kind", "nodes", "inputs", "outputs", "input bytes", "output bytes"):
@@ -164,4 +220,19 @@ def split(model: Any, args: Sequence[Any] = (), *, support: Any, min_acc_module_
                            skip_fusion=skip_fusion)
     result = PassManager([split_pass], ctx)(source).of(SplitPassResult)
     assert result.plan is not None
-    return SplitResult(result.plan, result.graph_module, translation, source, ctx, hierarchical)
+    forbidden = _forbidden_ops(op_support, result.plan, source, context)
+    return SplitResult(result.plan, result.graph_module, translation, source, ctx,
+                       hierarchical, forbidden, op_support.entries)
+
+
+def _forbidden_ops(support: OperatorSupport, plan: SplitPlan, source: torch.fx.GraphModule,
+                   context: SupportContext) -> frozenset[OnnxOp]:
+    nodes = [n for n in source.graph.nodes if n.op in CALLABLE_OPS]
+    acc_names = {name for r in plan.regions if r.is_acc for name in r.node_names}
+    acc_ops: set[OnnxOp] = set()
+    for n in nodes:
+        if n.name in acc_names:
+            acc_ops |= onnx_op_types(n, context)
+    unsupported = set(plan.unsupported_nodes)
+    return forbidden_onnx_ops(support, nodes, {n for n in nodes if n.name in unsupported},
+                              context, acc_ops)

@@ -26,6 +26,7 @@ from onnx_modular.diagnostics import DiagnosticContext
 from onnx_modular.errors import rules
 from onnx_modular.lower.capture import capture
 from onnx_modular.passes import stages as stage_pass
+from onnx_modular.passes.balance import StagePlan, balanced_plan
 from onnx_modular.passes.split import Region, SplitPlan, build_split_module, describe_regions
 from onnx_modular.support.operator_support import CALLABLE_OPS
 
@@ -48,6 +49,8 @@ class StagesResult(SplitResult):
     def __init__(self, *args: Any, how: str = "", **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.how = how
+        #: the balanced plan (``num_stages`` / ``max_stage_bytes``), else None
+        self.stage_plan: StagePlan | None = None
 
     kind = "stages"
 
@@ -117,19 +120,52 @@ def _capture(model: Any, args: Sequence[Any] | None, kwargs: dict[str, Any] | No
     return capture(model, args if args is not None else (), kwargs, ctx=ctx)
 
 
+def plan_stages(model: Any, args: Sequence[Any] | None = None, *,
+                num_stages: int | None = None, max_stage_bytes: int | None = None,
+                kwargs: dict[str, Any] | None = None,
+                ctx: DiagnosticContext | None = None) -> StagePlan:
+    """The balanced plan alone (capture only, no translation): which modules go to which
+    stage and the weight bytes of each; ``print(plan)`` shows it. See :func:`split_stages`."""
+    ctx = ctx or DiagnosticContext()
+    program = _capture(model, args, kwargs, ctx)
+    return balanced_plan(stage_pass.without_markers(program), num_stages, max_stage_bytes, ctx)
+
+
 def split_stages(model: Any, args: Sequence[Any] | None = None,
                  split_points: Mapping[str, Any] | None = None, *,
+                 num_stages: int | None = None, max_stage_bytes: int | None = None,
                  kwargs: dict[str, Any] | None = None, opset: int | None = None,
                  hierarchical: bool = True, ctx: DiagnosticContext | None = None
                  ) -> StagesResult:
-    """Pipeline stages at ``pipe_split()`` markers and/or ``split_points``.
+    """Pipeline stages at ``pipe_split()`` markers and/or ``split_points``, or balanced.
 
     ``split_points``: module path -> ``"beginning"`` (cut before the module's call) or
     ``"end"`` (after it), as in PiPPy. Markers in ``forward`` cut too, whether or not
     split points are given. ``model``: an ``nn.Module`` (with ``args``) or an ExportedProgram.
+
+    ``num_stages`` / ``max_stage_bytes``: stages balanced by the weight bytes they hold (a
+    tied weight counts in every stage that holds a copy), cut only between the calls of
+    the model's repeated block list (``h.0 .. h.N``); ``num_stages`` as even as possible,
+    ``max_stage_bytes`` as few as keep every stage within the budget, both: ``num_stages``
+    stages within the budget. The plan is a diagnostic (``stage-plan``) and
+    ``result.stage_plan``; a budget no cut can meet names the largest indivisible module.
     """
     ctx = ctx or DiagnosticContext()
     program = _capture(model, args, kwargs, ctx)
+    if num_stages is not None or max_stage_bytes is not None:
+        if split_points:
+            raise ctx.error(rules.SPLIT_POINT, reason=(
+                "give split_points or num_stages/max_stage_bytes, not both"))
+        if stage_pass.from_markers(program).count > 1:
+            raise ctx.error(rules.SPLIT_POINT, reason=(
+                "the model has om.pipe_split() markers; num_stages/max_stage_bytes cut by "
+                "themselves (remove the markers, or leave both out)"))
+        plan = balanced_plan(program, num_stages, max_stage_bytes, ctx)
+        assignment = stage_pass.from_split_points(program, plan.split_points, ctx)
+        assignment.how = plan.how
+        result = _build(program, assignment, ctx, opset, hierarchical)
+        result.stage_plan = plan
+        return result
     assignment = stage_pass.from_markers(program)
     if split_points:
         points = stage_pass.from_split_points(program, split_points, ctx,

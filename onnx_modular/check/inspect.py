@@ -13,7 +13,7 @@ from rich.tree import Tree
 
 from onnx_modular import runtime
 from onnx_modular.errors import fail
-from onnx_modular.metadata import META_PATH
+from onnx_modular.metadata import DIFFERS_FROM, META_PATH
 
 
 def load_onnx(path: str | os.PathLike[str], load_external_data: bool = True) -> onnx.ModelProto:
@@ -40,6 +40,7 @@ class FunctionStats:
     domain: str
     nodes: int
     calls: int
+    differs_from: str = ""  # why an extra function of a class is not its first
 
 
 def function_stats(model: onnx.ModelProto) -> list[FunctionStats]:
@@ -47,7 +48,8 @@ def function_stats(model: onnx.ModelProto) -> list[FunctionStats]:
     calls: collections.Counter[tuple[str, str]] = collections.Counter()
     for node in _all_nodes(model):
         calls[(node.domain, node.op_type)] += 1
-    return [FunctionStats(f.name, f.domain, len(f.node), calls[(f.domain, f.name)])
+    return [FunctionStats(f.name, f.domain, len(f.node), calls[(f.domain, f.name)],
+                          {p.key: p.value for p in f.metadata_props}.get(DIFFERS_FROM, ""))
             for f in model.functions]
 
 
@@ -108,11 +110,16 @@ def call_tree(model: onnx.ModelProto, max_children: int = 64) -> Tree:
 
 
 def function_table(model: onnx.ModelProto) -> Table:
+    stats = function_stats(model)
+    explained = any(s.differs_from for s in stats)
     table = Table(title="Functions")
-    for column in ("function", "domain", "nodes", "call sites"):
-        table.add_column(column, justify="left" if column in ("function", "domain") else "right")
-    for s in sorted(function_stats(model), key=lambda s: (-s.calls, s.name)):
-        table.add_row(s.name, s.domain, str(s.nodes), str(s.calls))
+    columns = ["function", "domain", "nodes", "call sites"] + (["differs from"] * explained)
+    for column in columns:
+        table.add_column(column, justify="right" if column in ("nodes", "call sites")
+                         else "left")
+    for s in sorted(stats, key=lambda s: (-s.calls, s.name)):
+        table.add_row(s.name, s.domain, str(s.nodes), str(s.calls),
+                      *([s.differs_from] * explained))
     return table
 
 

@@ -110,7 +110,10 @@ def _validate(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
         provider = failing[0] if failing else results[-1].provider
         if calls is None:
             _, calls = _torch_run(model, args, kwargs, record=True)
-        report.localization = _localize(loaded, feeds, provider, calls, rtol, atol)
+        # A model that failed may fail through a fusion: its probe gets ORT's fusions too.
+        # One that passed is localized on demand: the probe then skips them (faster to build).
+        report.localization = _localize(loaded, feeds, provider, calls, rtol, atol,
+                                        fuse=bool(failing))
         report.localization_provider = provider
     return report
 
@@ -155,7 +158,7 @@ def _check(name: str, actual: np.ndarray, expected: torch.Tensor,
 
 def _localize(loaded: runtime.LoadedModel, feeds: dict[str, np.ndarray], provider: str,
               calls: list[TorchCall] | None, rtol: float | None,
-              atol: float | None) -> Localization:
+              atol: float | None, fuse: bool = True) -> Localization:
     """One ORT session on the inlined model with every call output exposed."""
     if not calls:
         return Localization("none", 0, [], None, "the torch model has no submodule calls")
@@ -167,7 +170,8 @@ def _localize(loaded: runtime.LoadedModel, feeds: dict[str, np.ndarray], provide
     if probe.kind == "none":
         return Localization("none", 0, [], None, probe.note or
                             "the ONNX model carries no module metadata to localize with")
-    session, _ = runtime.make_session(probe.model_bytes, provider, loaded.session_config())
+    session, _ = runtime.make_session(probe.model_bytes, provider, loaded.session_config(),
+                                      fuse=fuse)
     names = [o.name for o in session.get_outputs()]
     values, _ = runtime.run_session(session, feeds)
     return judge(probe, {**feeds, **dict(zip(names, values, strict=True))}, calls, rtol, atol)

@@ -47,6 +47,13 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USAGE)
 
 
+def usage_error(command: str, message: str) -> None:
+    """A usage error found after parsing (one line, exit 2), as argparse reports its own."""
+    err.print(f"[bold red]error:[/bold red] onnx-modular {command}: {escape(message)}",
+              highlight=False)
+    raise SystemExit(EXIT_USAGE)
+
+
 def _debug_option() -> argparse.ArgumentParser:
     """``--debug`` after the subcommand too, where users append it.
 

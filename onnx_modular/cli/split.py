@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
+from onnx_modular._util import parse_bytes
 from onnx_modular.api.split import SplitResult, split
-from onnx_modular.api.stages import split_stages
+from onnx_modular.api.stages import plan_stages, split_stages
 from onnx_modular.cli import common
 from onnx_modular.errors import fail, rules
+from onnx_modular.lower.capture import capture
 from onnx_modular.support.operator_support import OperatorSupport, load_support_file
 
 
@@ -18,13 +21,20 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = common.add_subcommand(subparsers, "split", run,
                               help="split into accelerator/CPU regions or pipeline stages")
     common.add_model_inputs(p)
-    how = p.add_mutually_exclusive_group(required=True)
-    how.add_argument("--acc-ops", metavar="FILE", help="file listing supported aten ops")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--acc-ops", metavar="FILE",
+                     help="file listing supported ops (aten.gelu, onnx::MatMul; !name denies)")
     how.add_argument("--acc-ep", metavar="NAME", help="ONNX Runtime execution provider name")
     how.add_argument("--split-points", metavar="P",
                      help="pipeline stages, e.g. 'h.4:beginning,h.9:end'")
     how.add_argument("--markers", action="store_true",
                      help="pipeline stages at the model's om.pipe_split() markers")
+    p.add_argument("--num-stages", type=int, metavar="N",
+                   help="N pipeline stages balanced by weight bytes, cut between blocks")
+    p.add_argument("--max-stage-bytes", metavar="SIZE",
+                   help="pipeline stages of at most SIZE weight bytes each (2GB, 512MiB)")
+    p.add_argument("--triton", metavar="DIR",
+                   help="also write a Triton model repository (a model per part + ensemble)")
     p.add_argument("--min-acc-size", type=int, default=1)
     p.add_argument("--max-acc-splits", type=int, default=-1)
     p.add_argument("--preview", action="store_true", help="print the support/region preview")
@@ -34,10 +44,21 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Split, optionally preview, write the parts and the manifest."""
+    num_stages, budget = _balanced_options(args)
+    if args.triton and Path(args.triton).exists() and not Path(args.triton).is_dir():
+        raise fail(f"--triton: '{args.triton}' is a file, not a directory", rules.BAD_INPUT)
     model, inputs, kwargs = common.load_model_and_inputs(args)
+    balanced = num_stages is not None or budget is not None
+    if balanced:
+        with common.step("Capturing and planning the stages"):
+            program = capture(model, inputs, kwargs or None)
+            plan = plan_stages(program, num_stages=num_stages, max_stage_bytes=budget)
+        common.out.print(str(plan), highlight=False)  # the plan, before the long work
     with common.step("Splitting"):
         parts: SplitResult
-        if args.split_points or args.markers:
+        if balanced:
+            parts = split_stages(program, num_stages=num_stages, max_stage_bytes=budget)
+        elif args.split_points or args.markers:
             points = parse_split_points(args.split_points) if args.split_points else None
             parts = split_stages(model, inputs, split_points=points, kwargs=kwargs or None)
         else:
@@ -53,7 +74,40 @@ def run(args: argparse.Namespace) -> int:
     with common.step(f"Writing {args.output}"):
         parts.save(args.output)
     common.out.print(f"{len(parts.regions)} part(s) and manifest.json written to {args.output}")
+    if args.triton:
+        with common.step(f"Writing the Triton model repository {args.triton}"):
+            repo = parts.save_triton(args.triton)
+        common.out.print(f"Triton model repository written to {args.triton}: "
+                         f"{', '.join(repo.models)} (ensemble '{repo.ensemble}'); serve it "
+                         f"with tritonserver --model-repository {args.triton}",
+                         highlight=False)
     return common.EXIT_OK
+
+
+def _balanced_options(args: argparse.Namespace) -> tuple[int | None, int | None]:
+    """``--num-stages`` / ``--max-stage-bytes``, checked before any work; exactly one way
+    of splitting is given."""
+    chosen = [f for f, v in (("--acc-ops", args.acc_ops), ("--acc-ep", args.acc_ep),
+                             ("--split-points", args.split_points),
+                             ("--markers", args.markers)) if v]
+    balanced = args.num_stages is not None or args.max_stage_bytes is not None
+    if bool(chosen) == balanced:  # argparse's groups cannot say "one of these, or those"
+        message = ("one of the arguments --acc-ops --acc-ep --split-points --markers "
+                   "--num-stages --max-stage-bytes is required" if not chosen else
+                   f"argument {chosen[0]}: not allowed with --num-stages/--max-stage-bytes")
+        common.usage_error("split", message)
+    if args.num_stages is not None and args.num_stages < 1:
+        raise fail(f"--num-stages must be at least 1, got {args.num_stages}", rules.BAD_INPUT)
+    budget = None
+    if args.max_stage_bytes is not None:
+        try:
+            budget = parse_bytes(args.max_stage_bytes)
+        except ValueError as e:
+            raise fail(f"--max-stage-bytes: {e}", rules.BAD_INPUT) from e
+        if budget < 1:
+            raise fail(f"--max-stage-bytes must be positive, got {args.max_stage_bytes}",
+                       rules.BAD_INPUT)
+    return args.num_stages, budget
 
 
 def _support(args: argparse.Namespace) -> OperatorSupport | str:

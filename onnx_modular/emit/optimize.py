@@ -8,22 +8,43 @@ longer be folded. After: the full optimizer, on each unique function body once, 
 from __future__ import annotations
 
 import contextlib
+import functools
 
+import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes.common
 import onnxscript.optimizer
 
-from onnx_modular._compat import FOLDING_LOGGER, fold_constants_pass, quiet_loggers
+from onnx_modular._compat import (
+    FOLDING_LOGGER,
+    fold_constants_pass,
+    optimize_ir_avoiding,
+    quiet_loggers,
+)
 
 
 def _quiet_folding() -> contextlib.AbstractContextManager[None]:
     """The folder warns on stderr about every node its reference evaluator cannot evaluate
-    (such a node is simply left as it is); keep that out of the user's terminal."""
-    return quiet_loggers(FOLDING_LOGGER)
+    (such a node is simply left as it is), the deduplicator about every constant that is a
+    region's output; keep that out of the user's terminal."""
+    return quiet_loggers(FOLDING_LOGGER, "onnx_ir.passes.common.initializer_deduplication")
 
 
 #: Folded values up to this many elements (shapes, axes, scalars) go back into the bodies.
 SMALL_CONSTANT = 16
+#: Folded values whose elements are all equal (a zero bias torch.onnx makes for a Conv
+#: without one) also go back, up to this many elements: as inputs they would make a 32-channel
+#: conv a different function from a 16-channel one.
+SPLAT_CONSTANT = 1 << 16
+
+
+def _is_small_or_splat(tensor: ir.TensorProtocol) -> bool:
+    if tensor.size <= SMALL_CONSTANT:
+        return True
+    if tensor.size > SPLAT_CONSTANT:
+        return False
+    array = tensor.numpy().reshape(-1)
+    return bool((array == array[0]).all())
 
 
 def fold_weights(model: ir.Model, weights: set[str] | frozenset[str] = frozenset()) -> None:
@@ -32,12 +53,13 @@ def fold_weights(model: ir.Model, weights: set[str] | frozenset[str] = frozenset
     The folder writes every result as an initializer, small ones too: the target shape of
     each Reshape, axes, scalars. Outlined, those would enter every layer function as inputs,
     and a body would no longer say its own shapes; so results of up to ``SMALL_CONSTANT``
-    elements that are not model ``weights`` (by initializer name) become Constant nodes
-    again, which the outliner copies into each call that uses them.
+    elements, or made of one repeated value, that are not model ``weights`` (by initializer
+    name) become Constant nodes again, which the outliner copies into each call using them.
     """
     with _quiet_folding():
         _fold_weights(model)
     _small_initializers_to_constants(model.graph, weights)
+    _contiguous_when_written(model.graph)
 
 
 def _small_initializers_to_constants(graph: ir.Graph, weights: set[str] | frozenset[str]
@@ -46,8 +68,8 @@ def _small_initializers_to_constants(graph: ir.Graph, weights: set[str] | frozen
     first = next(iter(graph), None)
     for name, value in list(graph.initializers.items()):
         tensor = value.const_value
-        if (name in weights or value in keep or tensor is None or tensor.size > SMALL_CONSTANT
-                or not value.uses()):
+        if (name in weights or value in keep or tensor is None or not value.uses()
+                or not _is_small_or_splat(tensor)):
             continue
         constant = ir.node("Constant", [], attributes={"value": tensor}, name=f"{name}_const")
         constant.outputs[0].name = name
@@ -61,19 +83,44 @@ def _small_initializers_to_constants(graph: ir.Graph, weights: set[str] | frozen
             graph.insert_before(first, constant)
 
 
+def _contiguous_when_written(graph: ir.Graph) -> None:
+    """Folded weights are often views (``Transpose(weight)`` of a Linear): numpy writes a
+    non-contiguous array element by element (~80 MB/s). Each becomes a lazy tensor that makes
+    a contiguous copy when it is serialized: one at a time, at disk speed."""
+    for value in graph.initializers.values():
+        tensor = value.const_value
+        if not isinstance(tensor, ir.Tensor):
+            continue
+        array = tensor.numpy()
+        if not isinstance(array, np.ndarray) or array.flags.c_contiguous:
+            continue
+        value.const_value = ir.LazyTensor(
+            functools.partial(_contiguous, array, tensor.name), dtype=tensor.dtype,
+            shape=tensor.shape, name=tensor.name)
+
+
+def _contiguous(array: np.ndarray, name: str | None) -> ir.Tensor:
+    return ir.Tensor(np.ascontiguousarray(array), name=name)
+
+
 def _fold_weights(model: ir.Model) -> None:
     fold_constants_pass()(model)
     ir.passes.common.RemoveUnusedNodesPass()(model)
 
 
-def optimize(model: ir.Model) -> None:
+def optimize(model: ir.Model, avoid: frozenset[str] = frozenset()) -> None:
     """Constant folding, rewrites and dead-code removal on the main graph and every body.
 
     With ``inline=False`` a body shared by 48 layers is optimized once, which is what makes
-    hierarchical export cheaper than the flat optimizer's pass over 48 copies.
+    hierarchical export cheaper than the flat optimizer's pass over 48 copies. ``avoid``:
+    ONNX op types no rewrite may create (an accelerator region's denied ops: a Min/Max pair
+    must not come back as the Clip the user kept off the accelerator).
     """
     with _quiet_folding():
-        onnxscript.optimizer.optimize_ir(model, inline=False)
+        if avoid:
+            optimize_ir_avoiding(model, avoid)
+        else:
+            onnxscript.optimizer.optimize_ir(model, inline=False)
     if collapse_reshapes(model):
         ir.passes.common.RemoveUnusedNodesPass()(model)
     remove_unused_initializers(model.graph)

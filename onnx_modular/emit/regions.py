@@ -327,3 +327,22 @@ def region_chains(chains: Mapping[str, tuple[Any, ...]], region_of_fx: Mapping[s
                       if regions_of_call[call.call_id] == {r}), len(chain))
         result[r][name] = tuple(chain[first:])
     return result
+
+
+def op_types_in(model: ir.Model) -> dict[tuple[str, str], list[str]]:
+    """(domain, op type) -> where it occurs ("main graph", "function GPT2Block", ...): every
+    node of the graph, of every function body and of their subgraphs; calls of the model's
+    own functions are not ops."""
+    own = set(model.functions)
+    found: dict[tuple[str, str], list[str]] = {}
+    bodies = [("main graph", model.graph)] + [
+        (f"function {f.name}", f.graph) for f in model.functions.values()]
+    for where, graph in bodies:
+        for node in ir.traversal.RecursiveGraphIterator(graph):
+            if node.op_identifier() in own:
+                continue
+            domain = "" if node.domain in ("", "ai.onnx") else node.domain
+            places = found.setdefault((domain, node.op_type), [])
+            if where not in places:
+                places.append(where)
+    return found

@@ -10,7 +10,8 @@ A parts directory holds one standalone ONNX model per part and ``manifest.json``
                   "inputs":  [{"name", "dtype", "shape", "from": <part name> | "input"}],
                   "outputs": [{"name", "dtype", "shape", "to": [<part name> | "output"]}]}]}
 
-Stages (``kind: "stages"``) add ``"split_by"`` (markers, split_points or callback), per part
+Stages (``kind: "stages"``) add ``"split_by"`` (markers, split_points, callback, or the
+balanced plan's ``num_stages=N`` / ``max_stage_bytes=...``), per part
 ``"parameters"`` and ``"parameter_bytes"``, and ``"shared_parameters": {name: {"stages": [...],
 "bytes", "handling": "copied"}}`` for weights several stages read (each holds a copy).
 

@@ -35,6 +35,7 @@ from onnx_modular._compat import codegen_of, lazy_graph_module, returns_nothing,
 from onnx_modular.diagnostics import DiagnosticContext, Location
 from onnx_modular.errors import rules
 from onnx_modular.passes.infra import PassBase, PassConditionError, PassResult
+from onnx_modular.support.matching import entry_findings
 from onnx_modular.support.operator_support import (
     CALLABLE_OPS,
     OperatorSupport,
@@ -75,6 +76,10 @@ class SplitPlan:
     fallback_nodes: dict[str, str] = dataclasses.field(default_factory=dict)
     #: (acc, cpu) regions before small acc regions merged
     regions_before_merge: tuple[int, int] = (0, 0)
+    #: (op, supported) -> why, as the support said it (the most frequent reason)
+    reasons: dict[tuple[str, bool], str] = dataclasses.field(default_factory=dict)
+    #: nodes the support refused (fallback nodes are supported, so not here)
+    unsupported_nodes: tuple[str, ...] = ()
 
     def region_of(self) -> dict[str, str]:
         """FX node name -> region name."""
@@ -347,13 +352,19 @@ def plan_split(graph_module: torch.fx.GraphModule, support: OperatorSupport, *,
     callables = [n for n in nodes if n.op in CALLABLE_OPS and not _is_guard(n)]
     supported_ops: collections.Counter[str] = collections.Counter()
     unsupported_ops: collections.Counter[str] = collections.Counter()
+    why: dict[tuple[str, bool], collections.Counter[str]] = {}
     acc: set[torch.fx.Node] = set()
     for n in callables:
-        if support.is_node_supported(n, context):
+        ok, reason = support.explain(n, context)
+        op = node_op_name(n)
+        why.setdefault((op, ok), collections.Counter())[reason] += 1
+        if ok:
             acc.add(n)
-            supported_ops[node_op_name(n)] += 1
+            supported_ops[op] += 1
         else:
-            unsupported_ops[node_op_name(n)] += 1
+            unsupported_ops[op] += 1
+    reasons = {key: counts.most_common(1)[0][0] for key, counts in why.items()}
+    unsupported = tuple(n.name for n in callables if n not in acc)
     fallback: dict[str, str] = {}
     if not allow_non_tensor:
         _non_tensor_fallback(callables, acc, fallback)
@@ -385,7 +396,8 @@ def plan_split(graph_module: torch.fx.GraphModule, support: OperatorSupport, *,
     before = (sum(1 for a, _ in raw if a), sum(1 for a, _ in raw if not a))
     merged = _merge_small_acc(raw, min_acc_module_size)
     regions = describe_regions(merged, index)
-    return SplitPlan(regions, dict(supported_ops), dict(unsupported_ops), fallback, before)
+    return SplitPlan(regions, dict(supported_ops), dict(unsupported_ops), fallback, before,
+                     reasons, unsupported)
 
 
 def describe_regions(merged: list[tuple[bool, list[torch.fx.Node]]],
@@ -526,6 +538,7 @@ class SplitPass(PassBase):
                           min_acc_module_size=self.min_acc_module_size,
                           allow_non_tensor=self.allow_non_tensor, skip_fusion=self.skip_fusion)
         report_plan(plan, ctx, graph_module)
+        self._check_entries(graph_module, plan, ctx)
         n_acc = sum(r.is_acc for r in plan.regions)
         if 0 < self.max_acc_splits < len(plan.regions):
             raise ctx.error(rules.SPLIT_LIMIT, reason=(
@@ -534,6 +547,18 @@ class SplitPass(PassBase):
                 f"{self.max_acc_splits}; allow more splits, support more ops, or raise "
                 "min_acc_module_size to merge small acc regions into CPU"))
         return SplitPassResult(build_split_module(graph_module, plan), True, plan)
+
+
+    def _check_entries(self, graph_module: torch.fx.GraphModule, plan: SplitPlan,
+                       ctx: DiagnosticContext) -> None:
+        """Allow/deny entries that match nothing (or miss where the op hides): warnings."""
+        nodes = [n for n in graph_module.graph.nodes
+                 if n.op in CALLABLE_OPS and not _is_guard(n)]
+        acc_names = {name for r in plan.regions if r.is_acc for name in r.node_names}
+        on_acc = {n for n in nodes if n.name in acc_names}
+        for finding in entry_findings(self.support, nodes, self.context, on_acc):
+            log = ctx.warn if finding.warning else ctx.note
+            log(rules.SUPPORT_UNMATCHED, reason=finding.message)
 
 
 def report_plan(plan: SplitPlan, ctx: DiagnosticContext,

@@ -1,16 +1,18 @@
 """Which FX nodes an accelerator runs: op-name lists, callables, ONNX Runtime kernel registries.
 
-An :class:`OperatorSupport` answers one question per FX node of a decomposed program. It is
-built from a callable, from allow or deny lists of op names (``aten.gelu.default`` or the
-whole packet ``aten.gelu``), from combinations of those (``&``, ``|``, ``~``), or from an ONNX
-Runtime execution provider (``"ort:CUDAExecutionProvider"``): then a node is supported when
-every ONNX node it translates to has a kernel registered for that provider. That last check
-needs the translated ONNX nodes of each FX node; the splitter hands them over in a
-:class:`SupportContext`.
+An :class:`OperatorSupport` answers one question per FX node of a decomposed program, and
+says why. It is built from a callable, from allow or deny lists of op names (``aten.gelu.default``,
+the whole packet ``aten.gelu``, or an ONNX op ``onnx::Softmax``), from combinations of those
+(``&``, ``|``, ``~``), or from an ONNX Runtime execution provider
+(``"ort:CUDAExecutionProvider"``): then a node is supported when every ONNX node it translates
+to has a kernel registered for that provider. ONNX names and providers are judged on the
+ONNX nodes each FX node becomes (a user thinks "Softmax", the graph may say
+``scaled_dot_product_attention``); the splitter hands them over in a :class:`SupportContext`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import operator
 import os
@@ -34,6 +36,14 @@ _GETITEM_NAMES = ("getitem", "operator.getitem", "_operator.getitem")
 
 # ---- op names --------------------------------------------------------------------------------
 
+#: Prefixes that name an ONNX op in the default domain (``onnx::Softmax``).
+ONNX_PREFIXES = ("onnx::", "ai.onnx::")
+#: ONNX ops every backend runs (folded into initializers); an allow list need not name them.
+_ALWAYS_ALLOWED = frozenset({("", "Constant")})
+
+OnnxOp = tuple[str, str]  # (domain, op_type); the default domain is ""
+
+
 def normalize_op_name(name: str) -> str:
     """``torch.ops.aten.gelu.default`` / ``aten::gelu.default`` -> ``aten.gelu.default``."""
     name = name.strip()
@@ -42,6 +52,46 @@ def normalize_op_name(name: str) -> str:
     if name in _GETITEM_NAMES:
         return "getitem"
     return name
+
+
+def parse_onnx_name(name: str) -> OnnxOp | None:
+    """``onnx::Softmax`` -> ``("", "Softmax")``; ``com.microsoft::Gelu`` -> its domain and
+    op; ``None`` for a torch operator name (``aten.gelu``, ``aten::gelu``)."""
+    name = name.strip()
+    for prefix in ONNX_PREFIXES:
+        if name.startswith(prefix):
+            return "", name[len(prefix):]
+    domain, sep, op = name.partition("::")
+    if sep and "." in domain and op and "." not in op:  # an ONNX domain is dotted
+        return domain, op
+    return None
+
+
+def onnx_display(op: OnnxOp) -> str:
+    """How previews and messages write an ONNX op: ``onnx::Softmax``."""
+    domain, op_type = op
+    return f"{domain or 'onnx'}::{op_type}"
+
+
+def _domain_key(domain: str) -> str:
+    return "" if domain in ("", "ai.onnx") else domain
+
+
+def _check_onnx_name(op: OnnxOp, raw: str) -> None:
+    """A default-domain op must exist in ONNX, so ``onnx::SoftMax`` is no silent no-op."""
+    import difflib
+
+    import onnx.defs
+
+    domain, op_type = op
+    if not op_type or not op_type.replace("_", "").isalnum():
+        raise fail(f"'{raw}' is not an ONNX operator name; expected e.g. 'onnx::Softmax'")
+    if domain == "" and not onnx.defs.has(op_type):
+        known = sorted({s.name for s in onnx.defs.get_all_schemas() if s.domain == ""})
+        near = difflib.get_close_matches(op_type, known, n=1)
+        hint = f" (did you mean 'onnx::{near[0]}'?)" if near else ""
+        raise fail(f"unknown ONNX operator '{raw}': the default ONNX domain has no "
+                   f"'{op_type}'{hint}")
 
 
 def node_op_names(node: torch.fx.Node) -> tuple[str, ...]:
@@ -69,14 +119,30 @@ def node_op_name(node: torch.fx.Node) -> str:
     return names[0] if names else node.op
 
 
+def onnx_op_types(node: torch.fx.Node, context: SupportContext) -> set[OnnxOp]:
+    """(domain, op type) of every ONNX node the FX node becomes, subgraphs included."""
+    import onnx_ir as ir
+
+    found: set[OnnxOp] = set()
+    for onnx_node in context.onnx_nodes.get(node.name, ()):
+        found.add((_domain_key(onnx_node.domain), onnx_node.op_type))
+        for attr in onnx_node.attributes.values():
+            graphs = ([attr.value] if attr.type == ir.AttributeType.GRAPH else
+                      list(attr.value) if attr.type == ir.AttributeType.GRAPHS else [])
+            for graph in graphs:
+                for inner in ir.traversal.RecursiveGraphIterator(graph):
+                    found.add((_domain_key(inner.domain), inner.op_type))
+    return found
+
+
 def _check_op_name(name: str) -> None:
     """Refuse names that are no torch operator, so a typo in a deny list never goes silent."""
     if name == "getitem" or name.startswith("Tensor."):
         return
     parts = name.split(".")
     if len(parts) < 2 or not all(parts):
-        raise fail(f"'{name}' is not an operator name; expected e.g. 'aten.gelu' or "
-                    "'aten.gelu.default'")
+        raise fail(f"'{name}' is not an operator name; expected e.g. 'aten.gelu', "
+                   "'aten.gelu.default' or, for an ONNX op, 'onnx::Softmax'")
     namespace, op = parts[0], parts[1]
     try:
         packet = getattr(getattr(torch.ops, namespace), op)
@@ -89,21 +155,27 @@ def _check_op_name(name: str) -> None:
         raise fail(f"'{name}' is not an operator name; expected e.g. 'aten.gelu.default'")
 
 
-def _name_set(names: Iterable[str]) -> frozenset[str]:
+def _name_sets(names: Iterable[str]) -> tuple[frozenset[str], frozenset[OnnxOp]]:
+    """A user's list -> (torch op names, ONNX ops); every name checked."""
     if isinstance(names, str):
         names = [names]
     if not isinstance(names, Iterable):
         # e.g. ``{"allow": 3}`` read from an --acc-ops JSON file: say so, no TypeError
         raise fail(f"expected a list of op names such as ['aten.gelu'], got "
                     f"{type(names).__name__} {names!r}")
-    result = set()
+    torch_names, onnx_ops = set(), set()
     for raw in names:
         if not isinstance(raw, str):
             raw = str(raw)
+        onnx_op = parse_onnx_name(raw)
+        if onnx_op is not None:
+            _check_onnx_name(onnx_op, raw.strip())
+            onnx_ops.add((_domain_key(onnx_op[0]), onnx_op[1]))
+            continue
         name = normalize_op_name(raw)
         _check_op_name(name)
-        result.add(name)
-    return frozenset(result)
+        torch_names.add(name)
+    return frozenset(torch_names), frozenset(onnx_ops)
 
 
 def _getitem_source(node: torch.fx.Node) -> torch.fx.Node | None:
@@ -115,13 +187,33 @@ def _getitem_source(node: torch.fx.Node) -> torch.fx.Node | None:
     return None
 
 
+def _listing(ops: Iterable[OnnxOp]) -> str:
+    return ", ".join(op for _, op in sorted(ops))
+
+
 # ---- the support object ----------------------------------------------------------------------
 
-Check = Callable[[torch.fx.Node, SupportContext], bool]
+#: node -> (supported, why): every check says why, so previews can tell the user.
+Decide = Callable[[torch.fx.Node, SupportContext], tuple[bool, str]]
+
+
+@dataclasses.dataclass(frozen=True)
+class OpEntry:
+    """One name of an allow or deny list, as the user wrote it (for unmatched-entry checks)."""
+
+    name: str  # "aten.softmax", "onnx::Softmax"
+    kind: str  # "allow" | "deny"
+    onnx: OnnxOp | None = None  # set for ONNX names
 
 
 class OperatorSupport:
-    """Decides per FX node whether the accelerator runs it; combine with ``&``, ``|``, ``~``."""
+    """Decides per FX node whether the accelerator runs it; combine with ``&``, ``|``, ``~``.
+
+    Lists may name torch ops (``aten.gelu``) and ONNX ops (``onnx::Softmax``): an ONNX name
+    is judged on the ONNX nodes each FX node becomes (``scaled_dot_product_attention``
+    becomes MatMul, Softmax, ...), so ``deny=["onnx::Softmax"]`` keeps every node that
+    emits a Softmax off the accelerator.
+    """
 
     def __init__(self, spec: Any = None, *, allow: Iterable[str] | None = None,
                  deny: Iterable[str] | None = None) -> None:
@@ -139,15 +231,19 @@ class OperatorSupport:
         combined = parts[0] if parts else OperatorSupport.everything()
         for part in parts[1:]:
             combined = combined & part
-        self._check: Check = combined._check
+        self._decide: Decide = combined._decide
         self.description: str = combined.description
         #: True when the check reads the ONNX translation (``SupportContext.onnx_nodes``).
         self.needs_onnx: bool = combined.needs_onnx
+        #: every allow/deny list name inside, for the check that each one matches a node
+        self.entries: tuple[OpEntry, ...] = combined.entries
 
     @classmethod
-    def _make(cls, check: Check, description: str, needs_onnx: bool = False) -> OperatorSupport:
+    def _make(cls, decide: Decide, description: str, needs_onnx: bool = False,
+              entries: tuple[OpEntry, ...] = ()) -> OperatorSupport:
         obj = cls.__new__(cls)
-        obj._check, obj.description, obj.needs_onnx = check, description, needs_onnx
+        obj._decide, obj.description, obj.needs_onnx = decide, description, needs_onnx
+        obj.entries = entries
         return obj
 
     # construction
@@ -156,64 +252,106 @@ class OperatorSupport:
                       description: str | None = None) -> OperatorSupport:
         """Wrap a plain ``node -> bool`` predicate."""
         desc = description or getattr(fn, "__qualname__", None) or repr(fn)
-        return cls._make(lambda node, _ctx: bool(fn(node)), desc)
+
+        def decide(node: torch.fx.Node, _ctx: SupportContext) -> tuple[bool, str]:
+            ok = bool(fn(node))
+            return ok, f"{desc} returns {ok}"
+
+        return cls._make(decide, desc)
 
     @classmethod
     def allow(cls, names: Iterable[str]) -> OperatorSupport:
-        """Supported: the listed ops (overloads or packets); a getitem follows its producer."""
-        allowed = _name_set(names)
+        """Supported: the listed torch ops (overloads or packets), and nodes whose every ONNX
+        node is of a listed ONNX op; a getitem follows its producer."""
+        allowed, onnx_ops = _name_sets(names)
 
-        def check(node: torch.fx.Node, _ctx: SupportContext) -> bool:
+        def decide(node: torch.fx.Node, ctx: SupportContext) -> tuple[bool, str]:
             src = _getitem_source(node)
             if src is not None and "getitem" not in allowed:
                 node = src
-            return any(n in allowed for n in node_op_names(node))
+            hit = next((n for n in node_op_names(node) if n in allowed), None)
+            if hit is not None:
+                return True, f"allowed by '{hit}'"
+            if onnx_ops:
+                emitted = onnx_op_types(node, ctx) - _ALWAYS_ALLOWED
+                missing = emitted - onnx_ops
+                if not missing:
+                    return True, (f"emits only allowed ONNX ops ({_listing(emitted)})"
+                                  if emitted else "emits no ONNX op")
+                return False, f"emits {_listing(missing)}, not in the allow list"
+            return False, "not in the allow list"
 
-        return cls._make(check, f"allow[{', '.join(sorted(allowed))}]")
+        shown = sorted(allowed) + sorted(onnx_display(o) for o in onnx_ops)
+        entries = tuple(OpEntry(n, "allow") for n in sorted(allowed)) + tuple(
+            OpEntry(onnx_display(o), "allow", o) for o in sorted(onnx_ops))
+        return cls._make(decide, f"allow[{', '.join(shown)}]", bool(onnx_ops), entries)
 
     from_op_names = allow
 
     @classmethod
     def deny(cls, names: Iterable[str]) -> OperatorSupport:
-        """Supported: every op but the listed ones; a getitem follows its producer."""
-        denied = _name_set(names)
+        """Supported: every op but the listed torch ops and every node that emits a listed
+        ONNX op; a getitem follows its producer."""
+        denied, onnx_ops = _name_sets(names)
 
-        def check(node: torch.fx.Node, _ctx: SupportContext) -> bool:
+        def decide(node: torch.fx.Node, ctx: SupportContext) -> tuple[bool, str]:
             src = _getitem_source(node)
             if src is not None and "getitem" not in denied:
                 node = src
-            return not any(n in denied for n in node_op_names(node))
+            hit = next((n for n in node_op_names(node) if n in denied), None)
+            if hit is not None:
+                return False, f"denied by '{hit}'"
+            if onnx_ops:
+                bad = onnx_op_types(node, ctx) & onnx_ops
+                if bad:
+                    names = ", ".join(f"'{onnx_display(o)}'" for o in sorted(bad))
+                    return False, f"emits {_listing(bad)}, denied by {names}"
+            return True, "not denied"
 
-        return cls._make(check, f"deny[{', '.join(sorted(denied))}]")
+        shown = sorted(denied) + sorted(onnx_display(o) for o in onnx_ops)
+        entries = tuple(OpEntry(n, "deny") for n in sorted(denied)) + tuple(
+            OpEntry(onnx_display(o), "deny", o) for o in sorted(onnx_ops))
+        return cls._make(decide, f"deny[{', '.join(shown)}]", bool(onnx_ops), entries)
 
     @classmethod
     def everything(cls) -> OperatorSupport:
-        return cls._make(lambda _n, _c: True, "all")
+        return cls._make(lambda _n, _c: (True, "everything is supported"), "all")
 
     @classmethod
     def nothing(cls) -> OperatorSupport:
-        return cls._make(lambda _n, _c: False, "none")
+        return cls._make(lambda _n, _c: (False, "nothing is supported"), "none")
 
     @classmethod
     def from_ort(cls, provider: str) -> OperatorSupport:
         """Supported: every ONNX node the FX node becomes has a kernel on ``provider``."""
         registry = ort_kernel_registry(provider)
 
-        def check(node: torch.fx.Node, ctx: SupportContext) -> bool:
-            return all(registry.supports_node(onnx_node, ctx.opset_imports)
-                       for onnx_node in ctx.onnx_nodes.get(node.name, ()))
+        def decide(node: torch.fx.Node, ctx: SupportContext) -> tuple[bool, str]:
+            missing = sorted({n.op_type for n in ctx.onnx_nodes.get(node.name, ())
+                              if not registry.supports_node(n, ctx.opset_imports)})
+            if missing:
+                return False, (f"no {registry.provider} kernel for {', '.join(missing)} "
+                               "(at this opset and these types)")
+            return True, f"{registry.provider} has a kernel for every ONNX op it emits"
 
-        return cls._make(check, f"ort:{registry.provider}", needs_onnx=True)
+        return cls._make(decide, f"ort:{registry.provider}", needs_onnx=True)
 
     # use
-    def is_node_supported(self, node: torch.fx.Node,
-                          context: SupportContext | None = None) -> bool:
+    def explain(self, node: torch.fx.Node,
+                context: SupportContext | None = None) -> tuple[bool, str]:
+        """(supported, why) for one node, e.g. ``(False, "emits Softmax, denied by
+        'onnx::Softmax'")``."""
         if node.op not in CALLABLE_OPS:
-            return False
+            return False, f"a {node.op} node runs nowhere"
         if self.needs_onnx and context is None:
             raise fail(f"support '{self.description}' reads the ONNX translation of each "
                         "node; use it through onnx_modular.split()")
-        return bool(self._check(node, context or SupportContext()))
+        ok, why = self._decide(node, context or SupportContext())
+        return bool(ok), why
+
+    def is_node_supported(self, node: torch.fx.Node,
+                          context: SupportContext | None = None) -> bool:
+        return self.explain(node, context)[0]
 
     def __call__(self, node: torch.fx.Node, context: SupportContext | None = None) -> bool:
         return self.is_node_supported(node, context)
@@ -221,19 +359,37 @@ class OperatorSupport:
     # combination
     def __and__(self, other: Any) -> OperatorSupport:
         o = resolve_support(other)
-        return OperatorSupport._make(lambda n, c: self._check(n, c) and o._check(n, c),
-                               f"({self.description} & {o.description})",
-                               self.needs_onnx or o.needs_onnx)
+
+        def decide(n: torch.fx.Node, c: SupportContext) -> tuple[bool, str]:
+            ok, why = self._decide(n, c)
+            return o._decide(n, c) if ok else (ok, why)
+
+        return OperatorSupport._make(decide, f"({self.description} & {o.description})",
+                                     self.needs_onnx or o.needs_onnx,
+                                     self.entries + o.entries)
 
     def __or__(self, other: Any) -> OperatorSupport:
         o = resolve_support(other)
-        return OperatorSupport._make(lambda n, c: self._check(n, c) or o._check(n, c),
-                               f"({self.description} | {o.description})",
-                               self.needs_onnx or o.needs_onnx)
+
+        def decide(n: torch.fx.Node, c: SupportContext) -> tuple[bool, str]:
+            ok, why = self._decide(n, c)
+            if ok:
+                return ok, why
+            ok2, why2 = o._decide(n, c)
+            return (ok2, why2) if ok2 else (False, f"{why}; {why2}")
+
+        return OperatorSupport._make(decide, f"({self.description} | {o.description})",
+                                     self.needs_onnx or o.needs_onnx,
+                                     self.entries + o.entries)
 
     def __invert__(self) -> OperatorSupport:
-        return OperatorSupport._make(lambda n, c: not self._check(n, c), f"~{self.description}",
-                               self.needs_onnx)
+        def decide(n: torch.fx.Node, c: SupportContext) -> tuple[bool, str]:
+            ok, why = self._decide(n, c)
+            return not ok, f"not ({why})"
+
+        flipped = tuple(dataclasses.replace(e, kind="deny" if e.kind == "allow" else "allow")
+                        for e in self.entries)
+        return OperatorSupport._make(decide, f"~{self.description}", self.needs_onnx, flipped)
 
     def __repr__(self) -> str:
         return f"OperatorSupport({self.description})"
@@ -276,20 +432,22 @@ def resolve_support(spec: Any) -> OperatorSupport:
 def _from_torch_support(base: Any) -> OperatorSupport:
     modules: dict[int, dict[str, torch.nn.Module]] = {}
 
-    def check(node: torch.fx.Node, _ctx: SupportContext) -> bool:
+    def decide(node: torch.fx.Node, _ctx: SupportContext) -> tuple[bool, str]:
         owner = node.graph.owning_module
         key = id(owner)
         if key not in modules:
             modules[key] = dict(owner.named_modules()) if owner is not None else {}
-        return bool(base.is_node_supported(modules[key], node))
+        ok = bool(base.is_node_supported(modules[key], node))
+        return ok, f"{type(base).__name__} says {'yes' if ok else 'no'}"
 
-    return OperatorSupport._make(check, type(base).__name__)
+    return OperatorSupport._make(decide, type(base).__name__)
 
 
 def load_support_file(path: str | os.PathLike[str]) -> OperatorSupport:
     """Read ``--acc-ops FILE``: JSON (a list, or ``{"allow": [...], "deny": [...]}``) or text.
 
-    Text holds one op name per line; ``#`` starts a comment; a line ``!aten.gelu`` denies.
+    Text holds one op name per line (``aten.gelu`` or ``onnx::Softmax``); ``#`` starts a
+    comment; a line ``!aten.gelu`` denies.
     Text with only ``!`` lines is a deny list (everything else supported).
     """
     p = Path(path)

@@ -1,0 +1,209 @@
+"""Triton model repositories: every config parses as Triton's own ModelConfig, and the
+ensemble, executed by following the configs (not our manifest) in ONNX Runtime, gives
+torch's result."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import models
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from google.protobuf import text_format
+from torch import nn
+
+import onnx_modular as om
+from onnx_modular.cli import main
+
+pytest.importorskip("tritonclient")  # in the test extra; its protobufs define the configs
+from onnx_modular.parts.triton import model_config_pb2
+
+pb = model_config_pb2()
+
+#: Triton's data types -> ONNX Runtime's type strings
+ORT_TYPES = {"TYPE_FP32": "tensor(float)", "TYPE_FP16": "tensor(float16)",
+             "TYPE_INT64": "tensor(int64)", "TYPE_INT32": "tensor(int32)",
+             "TYPE_BOOL": "tensor(bool)", "TYPE_FP64": "tensor(double)"}
+NUMPY_TYPES = {"TYPE_FP32": np.float32, "TYPE_INT64": np.int64, "TYPE_BOOL": np.bool_,
+               "TYPE_INT32": np.int32, "TYPE_FP16": np.float16, "TYPE_FP64": np.float64}
+
+
+def read_config(directory: Path):
+    """``config.pbtxt`` parsed into tritonclient's ``inference.ModelConfig``."""
+    return text_format.Parse((directory / "config.pbtxt").read_text(), pb.ModelConfig())
+
+
+def dims_fit(dims, shape) -> bool:
+    return len(dims) == len(shape) and all(d in (-1, s) for d, s in zip(dims, shape))
+
+
+def run_ensemble(repo: Path, ensemble: str, feeds: dict[str, np.ndarray]
+                 ) -> dict[str, np.ndarray]:
+    """Execute the ensemble as Triton would: a step runs once all its inputs exist; each
+    step's model is found, typed and wired from the configs alone."""
+    config = read_config(repo / ensemble)
+    assert config.platform == "ensemble"
+    tensors: dict[str, np.ndarray] = {}
+    for entry in config.input:
+        value = feeds[entry.name]
+        assert value.dtype == NUMPY_TYPES[pb.DataType.Name(entry.data_type)]
+        assert dims_fit(entry.dims, value.shape)
+        tensors[entry.name] = value
+    pending = list(config.ensemble_scheduling.step)
+    while pending:
+        ready = [s for s in pending if all(v in tensors for v in s.input_map.values())]
+        assert ready, f"steps wait on tensors nobody makes: {[s.model_name for s in pending]}"
+        step = ready[0]
+        pending.remove(step)
+        model_dir = repo / step.model_name
+        model_config = read_config(model_dir)
+        assert model_config.name == step.model_name
+        assert model_config.backend == "onnxruntime"
+        versions = sorted(int(p.name) for p in model_dir.iterdir() if p.name.isdigit())
+        version = step.model_version if step.model_version > 0 else versions[-1]
+        file = model_dir / str(version) / (model_config.default_model_filename or "model.onnx")
+        session = ort.InferenceSession(str(file), providers=["CPUExecutionProvider"])
+        declared_in = {e.name: e for e in model_config.input}
+        assert {i.name for i in session.get_inputs()} == set(declared_in)
+        for i in session.get_inputs():
+            assert ORT_TYPES[pb.DataType.Name(declared_in[i.name].data_type)] == i.type
+        feed = {}
+        for model_input, tensor in step.input_map.items():
+            entry = declared_in[model_input]
+            assert dims_fit(entry.dims, tensors[tensor].shape)
+            feed[model_input] = tensors[tensor]
+        names = [e.name for e in model_config.output]
+        results = dict(zip(names, session.run(names, feed)))
+        for entry in model_config.output:
+            assert dims_fit(entry.dims, results[entry.name].shape)
+            assert results[entry.name].dtype == NUMPY_TYPES[pb.DataType.Name(entry.data_type)]
+        for model_output, tensor in step.output_map.items():
+            assert tensor not in tensors, f"two producers of '{tensor}'"
+            tensors[tensor] = results[model_output]
+    return {e.name: tensors[e.name] for e in config.output}
+
+
+def check_repository(repo: Path, ensemble: str, parts: list[str]) -> dict[str, object]:
+    """Every model directory: a config Triton parses, a version folder, a model file."""
+    configs = {p.name: read_config(p) for p in repo.iterdir()
+               if p.is_dir() and not p.name.startswith(".")}
+    assert sorted(configs) == sorted([ensemble, *parts])
+    for name, config in configs.items():
+        assert config.name == name and (repo / name / "1").is_dir()
+        if name != ensemble:
+            assert (repo / name / "1" / "model.onnx").is_file()
+    steps = [s.model_name for s in configs[ensemble].ensemble_scheduling.step]
+    assert steps == parts
+    return configs
+
+
+@pytest.fixture(scope="module")
+def llama_4_stages():
+    model, args = models.llama(layers=4)
+    return model, args, om.split_stages(model, args, num_stages=4)
+
+
+def test_llama_stages_repository_runs_from_its_configs(llama_4_stages, tmp_path) -> None:
+    model, args, stages = llama_4_stages
+    repo = stages.save_triton(tmp_path / "repo", name="llama", gpus=[0, 1, 2, 3],
+                              external_data=True)
+    parts = [f"llama_stage_{i}" for i in range(4)]
+    assert repo.models == parts and repo.ensemble == "llama"
+    configs = check_repository(tmp_path / "repo", "llama", parts)
+    for i, name in enumerate(parts):
+        (group,) = configs[name].instance_group
+        assert pb.ModelInstanceGroup.Kind.Name(group.kind) == "KIND_GPU"
+        assert list(group.gpus) == [i] and group.count == 1  # a stage per GPU
+        assert list((tmp_path / "repo" / name / "1").glob("model.onnx.*.data"))
+    ensemble = configs["llama"]
+    wired = {v for s in ensemble.ensemble_scheduling.step for v in s.input_map.values()}
+    made = {v for s in ensemble.ensemble_scheduling.step for v in s.output_map.values()}
+    assert wired <= made | {e.name for e in ensemble.input}  # every tensor is wired
+    assert {e.name for e in ensemble.output} <= made
+    outputs = run_ensemble(tmp_path / "repo", "llama", {"input_ids": args[0].numpy()})
+    (got,) = outputs.values()
+    np.testing.assert_allclose(got, model(*args).detach().numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_acc_and_cpu_regions_get_gpu_and_cpu_instances(tmp_path) -> None:
+    model, args = models.gpt2(layers=2)
+    split = om.split(model, args, support=om.OperatorSupport(deny=["onnx::Softmax"]))
+    repo = split.save_triton(tmp_path / "repo", name="gpt2", instances=2)
+    configs = repo.configs()
+    kinds = {name: pb.ModelInstanceGroup.Kind.Name(c.instance_group[0].kind)
+             for name, c in configs.items() if name != "gpt2"}
+    assert kinds == {"gpt2_run_on_acc_0": "KIND_GPU", "gpt2_run_on_cpu_1": "KIND_CPU",
+                     "gpt2_run_on_acc_2": "KIND_GPU", "gpt2_run_on_cpu_3": "KIND_CPU",
+                     "gpt2_run_on_acc_4": "KIND_GPU"}
+    assert all(c.instance_group[0].count == 2 for n, c in configs.items() if n != "gpt2")
+    assert not list((tmp_path / "repo" / "gpt2_run_on_acc_0" / "1").glob("*.data"))
+    check_repository(tmp_path / "repo", "gpt2", repo.models)
+    (got,) = run_ensemble(tmp_path / "repo", "gpt2", {"input_ids": args[0].numpy()}).values()
+    np.testing.assert_allclose(got, model(*args).detach().numpy(), rtol=1e-4, atol=1e-4)
+    # written again: the directories are replaced whole, nothing stale or temporary is left
+    split.save_triton(tmp_path / "repo", name="gpt2")
+    assert not [p for p in (tmp_path / "repo").iterdir() if p.name.startswith(".")]
+
+
+def test_config_text_is_checked_by_the_proto() -> None:
+    from onnx_modular.parts.triton import parse_config
+
+    assert parse_config('name: "m"\nbackend: "onnxruntime"\n').backend == "onnxruntime"
+    with pytest.raises(text_format.ParseError):
+        parse_config('name: "m"\nbackend: "onnxruntime"\ninstance_groups { count: 1 }\n')
+
+
+class EchoInput(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x, torch.relu(x) * 2
+
+
+def test_what_an_ensemble_cannot_express_fails_before_writing(tmp_path) -> None:
+    split = om.split(EchoInput(), (torch.randn(2, 3),), support={"deny": ["aten.sin"]})
+    with pytest.raises(om.OnnxModularError, match="model input returned as is"):
+        split.save_triton(tmp_path / "repo")
+    assert not (tmp_path / "repo").exists()
+
+
+def test_missing_tritonclient_is_one_clear_error(monkeypatch) -> None:
+    import importlib
+
+    from onnx_modular.parts import triton
+
+    real = importlib.import_module
+
+    def no_triton(name: str, *a, **k):
+        if name.startswith("tritonclient"):
+            raise ModuleNotFoundError(f"No module named '{name}'", name="tritonclient")
+        return real(name, *a, **k)
+
+    triton.model_config_pb2.cache_clear()
+    monkeypatch.setattr(importlib, "import_module", no_triton)
+    try:
+        with pytest.raises(om.OnnxModularError, match="pip install tritonclient"):
+            triton.model_config_pb2()
+    finally:
+        monkeypatch.undo()
+        triton.model_config_pb2.cache_clear()
+
+
+def test_cli_writes_the_repository(tmp_path, capsys) -> None:
+    file = tmp_path / "m.py"
+    file.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(models.__file__).parent)!r})\n"
+        "import models\n"
+        "def model():\n    return models.gpt2(layers=2)[0]\n"
+        "def inputs():\n    return models.gpt2(layers=2)[1]\n")
+    repo = tmp_path / "repo"
+    assert main(["split", f"{file}:model", "--inputs", f"{file}:inputs", "--num-stages", "2",
+                 "-o", str(tmp_path / "stages"), "--triton", str(repo)]) == 0
+    text = capsys.readouterr().out
+    assert f"tritonserver --model-repository {repo}" in text
+    check_repository(repo, "model", ["model_stage_0", "model_stage_1"])
+    _, args = models.gpt2(layers=2)
+    model, _ = models.gpt2(layers=2)
+    (got,) = run_ensemble(repo, "model", {"input_ids": args[0].numpy()}).values()
+    np.testing.assert_allclose(got, model(*args).detach().numpy(), rtol=1e-4, atol=1e-4)
