@@ -10,7 +10,8 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from models import LastHidden, _ids
+from models import LastHidden
+from models import token_ids as _ids
 from torch import nn
 
 import onnx_modular as om
@@ -209,7 +210,7 @@ def test_acc_ops_file_with_onnx_names_and_cli_preview(tmp_path, capsys) -> None:
         "import sys\n"
         f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
         "from test_split_support import gpt2\n"
-        "from models import _ids\n"
+        "from models import token_ids as _ids\n"
         "def model():\n    return gpt2('sdpa')\n"
         "def inputs():\n    return _ids()\n")
     out = tmp_path / "parts"

@@ -1,1 +1,1 @@
-"""x"""
+"""Parts on disk: the manifest format, the runner that chains them, Triton repositories."""
