@@ -1,46 +1,105 @@
-"""Atomic file writes: a failure never leaves a partial file behind."""
+"""Atomic file writes: a reader sees the old file (or set of files) or the new one, never a
+part of one or a mix of two; a failure leaves nothing behind, and neither does a writer
+killed mid-way, once the next save into the same place has run.
+
+Temporary files are named ``.<target>.om<pid>-<random>.tmp`` beside the target: a later save
+removes those of processes that are gone.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
-import tempfile
+import re
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
+import onnx
 import onnx_ir as ir
 
+from onnx_modular.errors import fail
+
 TWO_GB = 2 * 1024**3
+_TEMP = re.compile(r"^\.(?P<target>.+)\.om(?P<pid>\d+)-[0-9a-z_]+\.tmp$")
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale_temporaries(directory: Path, target_name: str) -> None:
+    """Remove temporaries that writers of ``target_name`` left when they were killed."""
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return
+    for entry in entries:
+        match = _TEMP.match(entry.name)
+        if match is None or match["target"] != target_name or _pid_alive(int(match["pid"])):
+            continue
+        with contextlib.suppress(OSError):
+            if entry.is_dir(follow_symlinks=False):
+                for inner in Path(entry.path).iterdir():
+                    inner.unlink()
+                os.rmdir(entry.path)
+            else:
+                os.unlink(entry.path)
+
+
+def check_writable(path: str | os.PathLike[str]) -> Path:
+    """The target as a Path; one clear error for a path that cannot be written."""
+    if not str(path):
+        raise fail("cannot write '': the output path is empty")
+    target = Path(path)
+    directory = target.parent if str(target.parent) else Path(".")
+    if target.is_dir():
+        raise fail(f"cannot write '{target}': it is a directory; give a file name")
+    if not directory.is_dir():
+        raise fail(f"cannot write '{target}': directory '{directory}' does not exist")
+    if not os.access(directory, os.W_OK):
+        raise fail(f"cannot write '{target}': directory '{directory}' is not writable")
+    return target
+
+
+def _temp_name(target: Path) -> str:
+    return f".{target.name}.om{os.getpid()}-{secrets.token_hex(4)}.tmp"
+
+
+def _os_error(target: Path, error: OSError) -> Exception:
+    if error.errno == errno.ENOSPC:
+        return fail(f"cannot write '{target}': no space left on the device; nothing was "
+                    "written")
+    return fail(f"cannot write '{target}': {error.strerror or error}")
 
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it onto ``path`` on success only."""
-    target = Path(path)
+    target = check_writable(path)
     directory = target.parent if str(target.parent) else Path(".")
-    if not directory.is_dir():
-        raise FileNotFoundError(f"cannot write '{target}': directory '{directory}' does not exist")
-    if not os.access(directory, os.W_OK):
-        raise PermissionError(f"cannot write '{target}': directory '{directory}' is not writable")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
-    os.close(fd)
-    tmp_path = Path(tmp)
-    # mkstemp makes the file private (0600); the result should read like any file the user
-    # writes (0644 under the usual umask), as torch.onnx's own files do.
-    os.chmod(tmp_path, 0o666 & ~_umask())
+    clean_stale_temporaries(directory, target.name)
+    tmp_path = directory / _temp_name(target)
     try:
+        fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # umask applies
+        os.close(fd)
         yield tmp_path
         os.replace(tmp_path, target)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
+        if isinstance(e, OSError) and not isinstance(e, FileNotFoundError | PermissionError):
+            raise _os_error(target, e) from e
         raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
@@ -57,20 +116,59 @@ def _initializer_bytes(model: ir.Model) -> int:
                if v.const_value is not None)
 
 
+def external_data_files(path: Path) -> set[str]:
+    """The data files an ONNX file on disk refers to (none when it cannot be read)."""
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception:
+        return set()
+    names = set()
+    for init in proto.graph.initializer:
+        if init.data_location == onnx.TensorProto.EXTERNAL:
+            names.update(e.value for e in init.external_data if e.key == "location")
+    return names
+
+
 def save_model(model: ir.Model, path: str | os.PathLike[str], *,
                external_data_threshold: int = TWO_GB) -> None:
-    """Atomic save: a failure leaves neither the model nor its data file behind."""
-    target = Path(path)
+    """Atomic save; weights go to a data file beside the model above the threshold.
+
+    The data file has a name of its own per save (``<name>.<random>.data``), written before
+    the model that names it: two saves to one path never pair one's model with the other's
+    weights, and a reader holding the old model never reads new weights. The previous data
+    file of the target is removed once the new model is in place.
+    """
+    target = check_writable(path)
     if _initializer_bytes(model) <= external_data_threshold:
         with atomic_path(target) as tmp:
             ir.save(model, tmp)
         return
-    data_name = f"{target.name}.data"
-    # The data file's name is recorded inside the model, so write both in a private folder
-    # beside the target and move the data first, the model last.
-    with atomic_path(target) as tmp, tempfile.TemporaryDirectory(
-            dir=tmp.parent, prefix=".om-") as folder:
-        staged = Path(folder) / target.name
+    directory = target.parent if str(target.parent) else Path(".")
+    previous = external_data_files(target) if target.is_file() else set()
+    data_name = f"{target.name}.{secrets.token_hex(4)}.data"
+    clean_stale_temporaries(directory, target.name)
+    staging = directory / _temp_name(target)
+    try:
+        staging.mkdir()
+        staged = staging / target.name
         ir.save(model, staged, external_data=data_name)
-        os.replace(Path(folder) / data_name, target.parent / data_name)
-        os.replace(staged, tmp)
+        os.replace(staging / data_name, directory / data_name)
+        try:
+            with atomic_path(target) as tmp:
+                os.replace(staged, tmp)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                (directory / data_name).unlink()
+            raise
+    except OSError as e:
+        raise _os_error(target, e) from e
+    finally:
+        with contextlib.suppress(OSError):
+            for leftover in staging.iterdir():
+                leftover.unlink()
+            staging.rmdir()
+    for name in previous - {data_name}:
+        old = directory / name
+        if old.parent == directory and old.name.startswith(f"{target.name}."):
+            with contextlib.suppress(OSError):
+                old.unlink()

@@ -14,9 +14,11 @@ META_PATH = "onnx_modular.module_path"
 META_TYPE = "onnx_modular.module_type"
 META_CALL = "onnx_modular.call_id"
 META_FX_OUTPUTS = "onnx_modular.fx_outputs"  # JSON: the FX node of each call output
-# On a function: the module call its body was built from.
-ORIGIN_PATH = "onnx_modular.origin_path"
-ORIGIN_CALL = "onnx_modular.origin_call_id"
+META_SCOPE = "onnx_modular.scope"  # JSON: [[module path, class], ...] from the root to the call
+# On a function: "relative" when every label inside names paths relative to the module.
+LABELS = "onnx_modular.labels"
+# On an extra function of a class: why it is not the class's first function.
+DIFFERS_FROM = "onnx_modular.differs_from"
 # torch.onnx's, on every node it translates.
 FX_NODE = "pkg.torch.onnx.fx_node"
 NAME_SCOPES = "pkg.torch.onnx.name_scopes"
@@ -25,6 +27,9 @@ STACK_TRACE = "pkg.torch.onnx.stack_trace"
 NAMESPACE = "namespace"
 # On a region's call node in a single-file split model.
 REGION_KIND = "onnx_modular.region_kind"
+
+# torch.export's stand-in ``nn_module_stack`` key for nodes its passes add: not a module.
+NO_MODULE = "_empty_nn_module_stack_from_metadata_hook"
 
 # FX ``node.meta`` of the modularized GraphModules.
 FX_CALL = "om_call"  # on a call_module node: the CallInfo of the module call

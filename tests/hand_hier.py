@@ -130,11 +130,16 @@ def hierarchical(model: Net, *, layer_ops: dict[int, str] | None = None,
 def isolate_call(proto: onnx.ModelProto, call_id: str,
                  within: onnx.FunctionProto | None = None) -> onnx.FunctionProto:
     """Give the call node ``call_id`` (in the main graph or in ``within``) a private copy of
-    its function, so that a change planted in the copy affects that one call only."""
+    its function, so that a change planted in the copy affects that one call only.
+
+    Inside a function body call ids are relative to its module (``c_fc`` for
+    ``model.h.0.mlp.c_fc``): a nested call matches by the tail of ``call_id``."""
     nodes = within.node if within is not None else proto.graph.node
     for node in nodes:
         meta = {p.key: p.value for p in node.metadata_props}
-        if meta.get("onnx_modular.call_id") != call_id:
+        own = meta.get("onnx_modular.call_id")
+        if own is None or not (own == call_id or (
+                within is not None and call_id.endswith("." + own))):
             continue
         original = next(f for f in proto.functions
                         if f.name == node.op_type and f.domain == node.domain)

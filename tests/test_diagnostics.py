@@ -9,7 +9,13 @@ import pytest
 import torch
 import torch.fx
 
-from onnx_modular.diagnostics import DiagnosticContext, Level, Location, OnnxModularError, write_sarif
+from onnx_modular.diagnostics import (
+    DiagnosticContext,
+    Level,
+    Location,
+    OnnxModularError,
+    write_sarif,
+)
 from onnx_modular.errors import rules
 from onnx_modular.passes import PassBase, PassConditionError, PassManager, PassResult
 
@@ -105,6 +111,6 @@ def test_sarif_structure(tmp_path) -> None:
 
 
 def test_sarif_write_to_missing_directory_fails_cleanly(tmp_path) -> None:
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(OnnxModularError, match="does not exist"):
         write_sarif([], str(tmp_path / "nope" / "x.sarif"))
     assert not (tmp_path / "nope").exists()

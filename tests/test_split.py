@@ -16,12 +16,12 @@ from models import MultiOut, bert, gpt2, x8
 from torch import nn
 
 import onnx_modular as om
+from onnx_modular.api.split import print_preview
 from onnx_modular.diagnostics import DiagnosticContext
 from onnx_modular.errors import rules
 from onnx_modular.metadata import fx_name
-from onnx_modular.support.operator_support import OperatorSupport, node_op_names
-from onnx_modular.api.split import print_preview
 from onnx_modular.passes.split import SplitPass, plan_split
+from onnx_modular.support.operator_support import OperatorSupport, node_op_names
 
 # ---- helpers ---------------------------------------------------------------------------------
 

@@ -18,8 +18,8 @@ from torch.fx.passes.shape_prop import ShapeProp
 
 import onnx_modular as om
 from onnx_modular.diagnostics import DiagnosticContext
-from onnx_modular.support.operator_support import OperatorSupport
 from onnx_modular.passes.split import SplitPass, plan_split
+from onnx_modular.support.operator_support import OperatorSupport
 
 Regions = list[tuple[bool, frozenset[str]]]
 

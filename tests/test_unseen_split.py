@@ -346,7 +346,8 @@ def test_opset_below_18_is_refused() -> None:
     """At opset 17 torch.onnx drops each node's FX origin: every ONNX node, the denied
     Softmax included, silently landed in the first acc region."""
     model, args = TwoLinear().eval(), (torch.randn(2, 4),)
-    with pytest.raises(OnnxModularError, match="opset 17 is below 18, the lowest a split model.*>= 18"):
+    with pytest.raises(OnnxModularError,
+                       match="opset 17 is below 18, the lowest a split model.*>= 18"):
         om.split(model, args, support={"deny": DENY}, opset=17)
     result = om.split(model, args, support={"deny": DENY}, opset=18)
     check_regions(result, set(DENY))

@@ -103,7 +103,9 @@ def _isolate(proto: onnx.ModelProto, call_id: str,
              within: onnx.FunctionProto | None = None) -> onnx.FunctionProto:
     """A private copy of the function that the call node ``call_id`` calls."""
     for node in (within.node if within is not None else proto.graph.node):
-        if any(p.key == "onnx_modular.call_id" and p.value == call_id
+        # inside a body call ids are relative to its module: match by the tail
+        if any(p.key == "onnx_modular.call_id" and (p.value == call_id or (
+                within is not None and call_id.endswith("." + p.value)))
                for p in node.metadata_props):
             original = next(f for f in proto.functions
                             if f.name == node.op_type and f.domain == node.domain)

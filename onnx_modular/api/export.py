@@ -21,6 +21,7 @@ from onnx_modular.emit.outline import OutlineReport
 from onnx_modular.emit.pipeline import EmitOptions, emit_program
 from onnx_modular.lower.capture import capture
 from onnx_modular.lower.translate import check_opset, translate
+from onnx_modular.metadata import DIFFERS_FROM
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +33,7 @@ class FunctionInfo:
     module_type: str  # the qualified class (the function's doc_string)
     nodes: int  # in its body, nested call nodes included
     calls: tuple[str, ...]  # call ids of the module calls it stands for, in execution order
+    differs_from: str = ""  # for a class's extra function: "BasicBlock: extra ..., ..."
 
 
 @dataclasses.dataclass
@@ -60,7 +62,8 @@ class ExportResult:
             for call_id, name in self.report.function_of_call.items():
                 calls.setdefault(name, []).append(call_id)
         return [FunctionInfo(f.name, f.domain, f.doc_string or "", len(f),
-                             tuple(calls.get(f.name, ())))
+                             tuple(calls.get(f.name, ())),
+                             f.metadata_props.get(DIFFERS_FROM, ""))
                 for f in self.model.functions.values()]
 
     def save(self, path: str | os.PathLike[str], *,

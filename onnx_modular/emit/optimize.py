@@ -8,7 +8,9 @@ longer be folded. After: the full optimizer, on each unique function body once, 
 from __future__ import annotations
 
 import contextlib
+import functools
 
+import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes.common
 import onnxscript.optimizer
@@ -24,6 +26,19 @@ def _quiet_folding() -> contextlib.AbstractContextManager[None]:
 
 #: Folded values up to this many elements (shapes, axes, scalars) go back into the bodies.
 SMALL_CONSTANT = 16
+#: Folded values whose elements are all equal (a zero bias torch.onnx makes for a Conv
+#: without one) also go back, up to this many elements: as inputs they would make a 32-channel
+#: conv a different function from a 16-channel one.
+SPLAT_CONSTANT = 1 << 16
+
+
+def _is_small_or_splat(tensor: ir.TensorProtocol) -> bool:
+    if tensor.size <= SMALL_CONSTANT:
+        return True
+    if tensor.size > SPLAT_CONSTANT:
+        return False
+    array = tensor.numpy().reshape(-1)
+    return bool((array == array[0]).all())
 
 
 def fold_weights(model: ir.Model, weights: set[str] | frozenset[str] = frozenset()) -> None:
@@ -32,12 +47,13 @@ def fold_weights(model: ir.Model, weights: set[str] | frozenset[str] = frozenset
     The folder writes every result as an initializer, small ones too: the target shape of
     each Reshape, axes, scalars. Outlined, those would enter every layer function as inputs,
     and a body would no longer say its own shapes; so results of up to ``SMALL_CONSTANT``
-    elements that are not model ``weights`` (by initializer name) become Constant nodes
-    again, which the outliner copies into each call that uses them.
+    elements, or made of one repeated value, that are not model ``weights`` (by initializer
+    name) become Constant nodes again, which the outliner copies into each call using them.
     """
     with _quiet_folding():
         _fold_weights(model)
     _small_initializers_to_constants(model.graph, weights)
+    _contiguous_when_written(model.graph)
 
 
 def _small_initializers_to_constants(graph: ir.Graph, weights: set[str] | frozenset[str]
@@ -46,8 +62,8 @@ def _small_initializers_to_constants(graph: ir.Graph, weights: set[str] | frozen
     first = next(iter(graph), None)
     for name, value in list(graph.initializers.items()):
         tensor = value.const_value
-        if (name in weights or value in keep or tensor is None or tensor.size > SMALL_CONSTANT
-                or not value.uses()):
+        if (name in weights or value in keep or tensor is None or not value.uses()
+                or not _is_small_or_splat(tensor)):
             continue
         constant = ir.node("Constant", [], attributes={"value": tensor}, name=f"{name}_const")
         constant.outputs[0].name = name
@@ -59,6 +75,26 @@ def _small_initializers_to_constants(graph: ir.Graph, weights: set[str] | frozen
             graph.append(constant)
         else:
             graph.insert_before(first, constant)
+
+
+def _contiguous_when_written(graph: ir.Graph) -> None:
+    """Folded weights are often views (``Transpose(weight)`` of a Linear): numpy writes a
+    non-contiguous array element by element (~80 MB/s). Each becomes a lazy tensor that makes
+    a contiguous copy when it is serialized: one at a time, at disk speed."""
+    for value in graph.initializers.values():
+        tensor = value.const_value
+        if not isinstance(tensor, ir.Tensor):
+            continue
+        array = tensor.numpy()
+        if not isinstance(array, np.ndarray) or array.flags.c_contiguous:
+            continue
+        value.const_value = ir.LazyTensor(
+            functools.partial(_contiguous, array, tensor.name), dtype=tensor.dtype,
+            shape=tensor.shape, name=tensor.name)
+
+
+def _contiguous(array: np.ndarray, name: str | None) -> ir.Tensor:
+    return ir.Tensor(np.ascontiguousarray(array), name=name)
 
 
 def _fold_weights(model: ir.Model) -> None:

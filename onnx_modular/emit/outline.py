@@ -11,6 +11,7 @@ place. Bodies with equal structural keys share one ``FunctionProto``.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -19,11 +20,12 @@ import onnx_ir as ir
 
 from onnx_modular._util import class_identifier, common_prefix
 from onnx_modular.emit.canonical import graph_key
-from onnx_modular.emit.inline import record_origin
+from onnx_modular.emit.labels import call_scope, relativize
 from onnx_modular.metadata import (
     META_CALL,
     META_FX_OUTPUTS,
     META_PATH,
+    META_SCOPE,
     META_TYPE,
     CallInfo,
     fx_name,
@@ -229,6 +231,7 @@ class _Outliner:
                            META_PATH: info.module_path, META_TYPE: info.module_type,
                            META_CALL: info.call_id,
                            META_FX_OUTPUTS: json.dumps([_fx_of(v) for v in outputs]),
+                           META_SCOPE: json.dumps([list(f) for f in call_scope(members, info)]),
                        })
         for old, new in zip(outputs, call.outputs):
             new.name, new.type, new.shape = old.name, old.type, old.shape
@@ -249,6 +252,8 @@ class _Outliner:
         self.graph.remove(members, safe=False)
         body = ir.Graph(list(inputs.values()), outputs, nodes=members,
                         opset_imports=self._opsets(members), name=info.call_id)
+        if not _in_order(body):  # a size hoisted out of a child call follows that call
+            body.sort()
         domain, name = self._function_for(info, body)
         call.domain, call.op_type = domain, name
         self.report.calls += 1
@@ -267,7 +272,7 @@ class _Outliner:
         name = base if count == 0 else f"{base}_{count}"
         function = ir.Function(domain, name, graph=body, attributes=[])
         function.doc_string = info.module_type
-        record_origin(function, info.module_path, info.call_id)
+        relativize(function, info, set(self.model.functions))
         self.model.functions[function.identifier()] = function
         self.model.opset_imports.setdefault(domain, 1)
         self.report.functions += 1
@@ -281,6 +286,18 @@ class _Outliner:
             if node.domain not in opsets:
                 opsets[node.domain] = self.model.opset_imports.get(node.domain, 1)
         return opsets
+
+
+def _in_order(graph: ir.Graph) -> bool:
+    """Does every node come after the nodes of this graph that it reads from?"""
+    seen: set[ir.Node] = set()
+    for node in graph:
+        for value in node.inputs:
+            producer = value.producer() if value is not None else None
+            if producer is not None and producer.graph is graph and producer not in seen:
+                return False
+        seen.add(node)
+    return True
 
 
 def _fx_of(value: ir.Value) -> str | None:
@@ -333,12 +350,15 @@ def merge_equal_functions(model: ir.Model, report: OutlineReport | None = None) 
                 kept_for[identifier] = kept
                 target[id(function)] = kept
                 _drop_value_types(kept)
-        if not kept_for:
-            break
+        if kept_for:
+            for identifier in kept_for:
+                del model.functions[identifier]
+            _retarget_calls(model, kept_for)
+        else:
+            kept_for = _merge_unused_outputs(model, target)
+            if not kept_for:
+                break
         merged += len(kept_for)
-        for identifier in kept_for:
-            del model.functions[identifier]
-        _retarget_calls(model, kept_for)
     if not merged:
         return 0
     counts: dict[tuple[str, str], int] = {}
@@ -363,6 +383,90 @@ def merge_equal_functions(model: ir.Model, report: OutlineReport | None = None) 
                                    for call, name in report.function_of_call.items()}
         report.functions = len(model.functions)
     return merged
+
+
+def _merge_unused_outputs(model: ir.Model, target: dict[int, ir.Function]
+                          ) -> dict[ir.OperatorIdentifier, ir.Function]:
+    """A call whose caller ignores some outputs loses them (and what computes only them)
+    before outlining, so its body looks like a new prototype (Flux's last single block).
+    Such a function is merged into the function of its class it is a part of: the body that,
+    with only some of its outputs kept, is the same. Its calls take the fuller function and
+    leave the extra outputs unused. One merge per call, then equal keys are compared again.
+    """
+    by_class: dict[tuple[str, str | None], list[ir.Function]] = {}
+    for function in model.functions.values():
+        by_class.setdefault((function.domain, function.doc_string), []).append(function)
+    for functions in by_class.values():
+        for small in functions:
+            key = graph_key(small.graph, signature=False)
+            for full in functions:
+                if full is small or len(full.outputs) <= len(small.outputs) \
+                        or len(full.inputs) != len(small.inputs):
+                    continue
+                kept = _outputs_matching(full, small, key)
+                if kept is None:
+                    continue
+                target[id(small)] = full
+                _drop_value_types(full)
+                del model.functions[small.identifier()]
+                _widen_calls(model, small, full, kept)
+                return {small.identifier(): full}
+    return {}
+
+
+def _outputs_matching(full: ir.Function, small: ir.Function,
+                      key: str) -> tuple[int, ...] | None:
+    """Which outputs of ``full`` (in order), kept alone, make ``small``'s body."""
+    for kept in itertools.combinations(range(len(full.outputs)), len(small.outputs)):
+        pruned = ir.serde.deserialize_function(ir.serde.serialize_function(full))
+        outputs = [pruned.outputs[i] for i in kept]
+        pruned.outputs.clear()
+        pruned.outputs.extend(outputs)
+        _remove_dead_nodes(pruned.graph)
+        if graph_key(pruned.graph, signature=False) == key:
+            return kept
+    return None
+
+
+def _remove_dead_nodes(graph: ir.Graph) -> None:
+    live = set(graph.outputs)
+    for node in reversed(list(graph)):
+        if any(v in live for v in node.outputs):
+            live.update(v for v in node.inputs if v is not None)
+        else:
+            graph.remove(node, safe=False)
+
+
+def _widen_calls(model: ir.Model, small: ir.Function, full: ir.Function,
+                 kept: tuple[int, ...]) -> None:
+    """Every call of ``small`` becomes a call of ``full``; its outputs land at ``kept``."""
+    graphs = [model.graph, *(f.graph for f in model.functions.values())]
+    for graph in graphs:
+        for node in list(graph):
+            if node.op_identifier() != small.identifier():
+                continue
+            wider = ir.Node(full.domain, full.name, list(node.inputs),
+                            num_outputs=len(full.outputs), name=node.name,
+                            metadata_props=dict(node.metadata_props))
+            for i, old in zip(kept, node.outputs, strict=True):
+                new = wider.outputs[i]
+                new.name, new.type, new.shape = old.name, old.type, old.shape
+                old.name = None
+                for k, out in enumerate(graph.outputs):
+                    if out is old:
+                        graph.outputs[k] = new
+                old.replace_all_uses_with(new)
+            for i, out in enumerate(wider.outputs):
+                if out.name is None:
+                    out.name = f"{node.name}_unused_{i}"
+            fx_outputs = node.metadata_props.get(META_FX_OUTPUTS)
+            if fx_outputs is not None:
+                widened: list[str | None] = [None] * len(full.outputs)
+                for i, fx in zip(kept, json.loads(fx_outputs), strict=True):
+                    widened[i] = fx
+                wider.metadata_props[META_FX_OUTPUTS] = json.dumps(widened)
+            graph.insert_before(node, wider)
+            graph.remove(node, safe=False)
 
 
 def _retarget_calls(model: ir.Model,

@@ -10,7 +10,10 @@ one :class:`~onnx_ir.passes.Sequential`, so a failure names the step it happened
 3. ``Optimize``: onnxscript's optimizer, each unique body once (never inlined).
 4. ``MergeEqualFunctions``: bodies the optimizer made equal become one function, to a
    fixpoint (a parent merges once its children have).
-5. ``InlineAll`` (flat output only): every call inlined, labels moved to the actual call.
+5. ``ExplainDifferences``: each function of a class but the first says why it stayed apart.
+6. ``InlineAll`` (flat output only): every call inlined, labels made absolute per copy.
+7. ``Verify``: strict ONNX type and shape inference; a model ONNX Runtime would reject is an
+   error naming the module and FX node, before anything is written.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import onnx_ir as ir
 import torch
 
 from onnx_modular.diagnostics import DiagnosticContext, Location, OnnxModularError
+from onnx_modular.emit.explain import annotate_differences
 from onnx_modular.emit.inline import RebasingInlinePass
 from onnx_modular.emit.optimize import (
     finish_inlined,
@@ -38,6 +42,7 @@ from onnx_modular.emit.outline import (
     outline,
     selector,
 )
+from onnx_modular.emit.verify import verify
 from onnx_modular.errors import rules
 from onnx_modular.metadata import CallInfo
 from onnx_modular.passes.infra import PassManager
@@ -116,6 +121,23 @@ class MergeEqualFunctions(ir.passes.InPlacePass):
         return ir.passes.PassResult(model, modified=bool(merged))
 
 
+class ExplainDifferences(ir.passes.InPlacePass):
+    """Every extra function of a class records what tells it from the first one."""
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        annotate_differences(model)
+        return ir.passes.PassResult(model, modified=False)
+
+
+class Verify(ir.passes.InPlacePass):
+    """Strict ONNX type and shape inference: a model ONNX Runtime would reject is an error
+    here, naming the module and FX node, before anything is written."""
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        verify(model)
+        return ir.passes.PassResult(model, modified=False)
+
+
 class InlineAll(ir.passes.InPlacePass):
     """The flat model: every call inlined; constants shared as initializers again."""
 
@@ -155,8 +177,11 @@ def emit_model(model: ir.Model, chains: Chains, weights: frozenset[str] | set[st
         steps.append(Optimize())
         if options.dedupe and not options.flat:  # flat: everything is inlined right after
             steps.append(MergeEqualFunctions(report))
+    if options.dedupe and not options.flat:
+        steps.append(ExplainDifferences())
     if options.flat:
         steps.append(InlineAll(options.optimize))
+    steps.append(Verify())
     with ctx.scope("Emit"):
         _run(ir.passes.Sequential(*steps), model, ctx)
     if isinstance(select, Selection) and select.unmatched():
@@ -183,7 +208,8 @@ def _run(steps: ir.passes.Sequential, model: ir.Model, ctx: DiagnosticContext) -
             cause = cause.__cause__
         if isinstance(cause, OnnxModularError):
             raise cause from e
-        failed = next((type(p).__name__ for p in steps.passes if f"'{p}'" in str(e)), "emit")
+        failed = next((type(p).__name__ for p in steps.passes
+                       if f"running the '{p}' pass" in str(e)), "emit")
         inner = e.__cause__ or e
         raise ctx.error(rules.PASS_FAILED, pass_name=failed,
                         reason=f"{type(inner).__name__}: {inner}") from e

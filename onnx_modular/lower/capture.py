@@ -7,6 +7,7 @@ as it is. Any export failure becomes one line that names the model class.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -28,11 +29,58 @@ def capture(model: Any, args: Any = (), kwargs: dict[str, Any] | None = None,
     if not isinstance(args, tuple):
         args = tuple(args) if isinstance(args, list) else (args,)
     try:
-        return torch.export.export(model, args, kwargs or {}, dynamic_shapes=dynamic_shapes,
-                                   strict=False)
+        program = torch.export.export(model, args, kwargs or {}, dynamic_shapes=dynamic_shapes,
+                                      strict=False)
     except Exception as e:
         lines = [line for line in str(e).strip().splitlines() if line.strip()]
         first = lines[0] if lines else ""
-        raise ctx.error(rules.EXPORT_FAILED, Location(module_path=""), reason=(
+        raise ctx.error(rules.EXPORT_FAILED, failing_module(model, e), reason=(
             f"torch.export failed on {type(model).__name__}: {type(e).__name__}: {first}"
         )) from e
+    check_outputs(program, type(model).__name__, ctx)
+    return program
+
+
+def check_outputs(program: torch.export.ExportedProgram, name: str,
+                  ctx: DiagnosticContext) -> None:
+    """ONNX outputs are tensors: a forward that returns nothing, or a Python constant, would
+    export into a model without outputs or fail deep inside torch.onnx."""
+    from torch.export.graph_signature import ConstantArgument, OutputKind
+
+    outputs = [spec for spec in program.graph_signature.output_specs
+               if spec.kind == OutputKind.USER_OUTPUT]
+    for k, spec in enumerate(outputs):
+        if isinstance(spec.arg, ConstantArgument) and spec.arg.value is not None:
+            value = spec.arg.value
+            raise ctx.error(rules.UNSUPPORTED_INPUT, Location(module_path=""), reason=(
+                f"output #{k} of {name}.forward() is a constant Python "
+                f"{type(value).__name__} ({value!r:.40}), not a tensor: ONNX outputs are "
+                "tensors; return torch.tensor(...) or leave it out"))
+    if not [s for s in outputs if not isinstance(s.arg, ConstantArgument)]:
+        raise ctx.error(rules.UNSUPPORTED_INPUT, Location(module_path=""), reason=(
+            f"{name}.forward() returns no tensor (None or only in-place updates): an ONNX "
+            "model needs at least one output"))
+
+
+def failing_module(model: torch.nn.Module, error: BaseException) -> Location:
+    """Where in the model export failed: the innermost ``forward`` of one of its modules in
+    the failure's frames (non-strict export runs the user's Python), with its source line."""
+    paths = {id(module): name for name, module in model.named_modules()}
+    torch_dir = os.path.dirname(torch.__file__)
+    found = Location(module_path="")
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        tb = cause.__traceback__
+        while tb is not None:
+            frame = tb.tb_frame
+            code = frame.f_code  # a method's first argument, whatever its name
+            owner = frame.f_locals.get(code.co_varnames[0]) if code.co_argcount else None
+            if (owner is not None and id(owner) in paths
+                    and not code.co_filename.startswith(torch_dir)):
+                found = Location(module_path=paths[id(owner)],
+                                 source_file=code.co_filename, source_line=tb.tb_lineno)
+            tb = tb.tb_next
+        cause = cause.__cause__ or cause.__context__
+    return found

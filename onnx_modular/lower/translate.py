@@ -23,7 +23,7 @@ import torch
 from onnx_modular._compat import quiet_loggers, torch_onnx_export
 from onnx_modular.diagnostics import DiagnosticContext, Location
 from onnx_modular.errors import rules
-from onnx_modular.metadata import STACK_TRACE
+from onnx_modular.metadata import NO_MODULE, STACK_TRACE
 
 # torchlib's opset: below it torch.onnx converts the model down, dropping node metadata.
 MIN_HIERARCHICAL_OPSET = 18
@@ -89,13 +89,32 @@ def _failure(error: BaseException, program: torch.export.ExportedProgram) -> tup
     why = next((line for line in lines if line), type(root).__name__)
     if node_name is None:
         return why, Location()
-    node = next((n for n in program.graph.nodes if n.name == node_name), None)
+    # A node made by decomposition is not in ``program``: torch.onnx was holding it when it
+    # failed, so it is found in the frames of the failure; it carries the module stack.
+    node = next((n for n in program.graph.nodes if n.name == node_name), None) \
+        or _node_in_tracebacks(causes, node_name)
     location = Location(fx_node=node_name)
     if node is not None:
-        frames = node.meta.get("nn_module_stack") or {}
-        path = next(reversed(frames.values()))[0] if frames else ""
-        location = Location.of_node(node, str(path))
+        location = Location.of_node(node, innermost_module(node))
     return f"node '{node_name}' ({target}): {why}", location
+
+
+def innermost_module(node: torch.fx.Node) -> str:
+    """The module path of the innermost call a node ran in ("" for the model itself)."""
+    paths = [str(v[0]) for v in (node.meta.get("nn_module_stack") or {}).values()
+             if isinstance(v, tuple) and v[0] != NO_MODULE]
+    return paths[-1] if paths else ""
+
+
+def _node_in_tracebacks(causes: list[BaseException], name: str) -> torch.fx.Node | None:
+    for cause in causes:
+        tb = cause.__traceback__
+        while tb is not None:
+            for value in tb.tb_frame.f_locals.values():
+                if isinstance(value, torch.fx.Node) and value.name == name:
+                    return value
+            tb = tb.tb_next
+    return None
 
 
 def translate(program: torch.export.ExportedProgram, *, opset: int | None = None,

@@ -29,13 +29,14 @@ from onnx_modular._compat import codegen_of, lazy_graph_module, program_codegen,
 from onnx_modular._util import class_identifier, common_prefix
 from onnx_modular.diagnostics import DiagnosticContext, Location
 from onnx_modular.errors import rules
-from onnx_modular.metadata import FX_CALL, FX_NAME, CallInfo
+from onnx_modular.metadata import FX_CALL, FX_NAME, NO_MODULE, CallInfo
 from onnx_modular.passes.infra import PassBase, PassConditionError, PassManager, PassResult
 
 #: A module call in a node's chain: (call_id, module_path, module_type).
 _Frame = tuple[str, str, str]
 
 _DYNAMO_PATH = re.compile(r"^L\['self'\]\.?")
+
 _INDEX = re.compile(r"\[(\d+)\]|\['([^']+)'\]")
 
 
@@ -67,7 +68,7 @@ def _frames_of(node: torch.fx.Node) -> list[_Frame] | None:
         else:  # very old FX tracer format: {path: class}
             path, cls = key, value
         path = _normalize_path(str(path))
-        if path == "":  # torch.export's root layer
+        if path == "" or path == NO_MODULE:  # torch.export's root layer, or no module
             continue
         suffix = key.rsplit("@", 1)[1] if "@" in key else ""
         call_id = f"{path}@{suffix}" if suffix else path
@@ -110,12 +111,57 @@ def _assign_chains(
         chains[node] = chain
         previous = chain
     settle(())
+    _hoist_shared_sizes(nodes, chains)
     if unannotated:
         names = ", ".join(n.name for n in unannotated[:8])
         more = f" (+{len(unannotated) - 8} more)" if len(unannotated) > 8 else ""
         ctx.note(rules.MISSING_MODULE_STACK, Location.of_node(unannotated[0]),
                  count=len(unannotated), nodes=names + more)
     return chains
+
+
+def _is_size(node: torch.fx.Node) -> bool:
+    """A symbolic (or plain) scalar computed from shapes: ``sym_size``, ``mul`` of sizes."""
+    val = node.meta.get("val")
+    return node.op == "call_function" and isinstance(
+        val, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool))
+
+
+def _hoist_shared_sizes(nodes: Sequence[torch.fx.Node],
+                        chains: dict[torch.fx.Node, tuple[_Frame, ...]]) -> None:
+    """Size arithmetic that torch.export computes once in the first of several calls and
+    reuses in the others (a dynamic batch times the head count, in block 0) moves up to the
+    calls' common parent: every call then takes it as an input, and all keep one signature.
+
+    Only where everything it reads is already visible there (no call gets a new output).
+    Reverse order: users are placed before the sizes they read.
+    """
+    for node in reversed(nodes):
+        own = chains.get(node)
+        if own is None or not own or not _is_size(node):
+            continue
+        target = own
+        for user in node.users:
+            chain = chains.get(user)
+            if chain is not None:
+                target = common_prefix(target, chain)
+        if len(target) == len(own):
+            continue
+        if all(_visible(a, target, chains) for a in node.all_input_nodes):
+            chains[node] = target
+
+
+def _visible(value: torch.fx.Node, scope: tuple[_Frame, ...],
+             chains: dict[torch.fx.Node, tuple[_Frame, ...]]) -> bool:
+    """Is ``value`` made in ``scope`` or above it (usable there without a new call output)?"""
+    if value.op in ("placeholder", "get_attr"):
+        return True
+    chain = chains.get(value)
+    if chain is None:
+        return False
+    if _is_size(value):
+        return True  # a size is hoisted with its users: it lands in a prefix of ``scope``
+    return common_prefix(chain, scope) == chain
 
 
 # ---- step 2: make every call contiguous, or split it ---------------------------------------

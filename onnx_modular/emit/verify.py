@@ -1,0 +1,88 @@
+"""Check an emitted model before anyone writes it: ONNX type and shape inference, strict.
+
+torch.export does not run the model's kernels, so inputs that do not fit it (int64 ids into
+a ``Linear``) export without complaint into a model that ONNX Runtime rejects. Inference
+over the model and every function body finds that; the failure names the module call and
+the FX node it happened in, not a file the user later finds broken.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator
+
+import onnx
+import onnx_ir as ir
+
+from onnx_modular.diagnostics import Location
+from onnx_modular.errors import fail, rules
+from onnx_modular.metadata import META_PATH, STACK_TRACE, fx_name
+
+_NODE = re.compile(r"\(op_type:([^,]+), node name: ([^)]*)\)")
+
+
+@contextlib.contextmanager
+def _without_weights(model: ir.Model) -> Iterator[None]:
+    """Initializers as plain graph inputs while the model is serialized: inference needs
+    their types and shapes only, and a copy of the weights would double the memory."""
+    graph = model.graph
+    weights = list(graph.initializers.values())
+    inputs = len(graph.inputs)
+    graph.initializers.clear()
+    graph.inputs.extend(w for w in weights if w not in set(graph.inputs))
+    try:
+        yield
+    finally:
+        del graph.inputs[inputs:]
+        for w in weights:
+            graph.register_initializer(w)
+
+
+def verify(model: ir.Model) -> None:
+    """Strict type and shape inference over the model; one clear error on a failure."""
+    with _without_weights(model):
+        proto = ir.serde.serialize_model(model)
+    try:
+        onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True)
+    except onnx.shape_inference.InferenceError as e:
+        text = " ".join(str(e).split())
+        location, where = _locate(model, text)
+        why = text.rsplit("):", 1)[-1].strip() or text
+        raise fail(f"the exported model is invalid{where}: {why} (do the example inputs "
+                   "fit the model? eager torch would fail on them too)", rules.TRANSLATION,
+                   location) from e
+
+
+def _locate(model: ir.Model, text: str) -> tuple[Location, str]:
+    """Follow ``(op_type:X, node name: Y)`` from the main graph into function bodies."""
+    graph: ir.Graph | ir.Function = model.graph
+    path: list[str] = []
+    node: ir.Node | None = None
+    for op_type, name in _NODE.findall(text):
+        node = next((n for n in graph if n.name == name and n.op_type == op_type), None)
+        if node is None:
+            break
+        function = model.functions.get(node.op_identifier())
+        if function is None:
+            break
+        if META_PATH in node.metadata_props:
+            path.append(node.metadata_props[META_PATH])
+        graph = function
+    module = ".".join(p for p in path if p)
+    if node is None:
+        return Location(module_path=module or None), ""
+    fx = fx_name(node)
+    trace = node.metadata_props.get(STACK_TRACE, "")
+    file, line = _last_frame(trace)
+    described = f" in module '{module or '<root>'}'" + (f", node '{fx}'" if fx else "")
+    return Location(module or "", fx, file, line), described
+
+
+def _last_frame(trace: str) -> tuple[str | None, int | None]:
+    frames = re.findall(r'File "([^"]+)", line (\d+)', trace)
+    user = [f for f in frames if "/site-packages/torch/" not in f[0]]
+    if not (user or frames):
+        return None, None
+    file, line = (user or frames)[-1]
+    return file, int(line)

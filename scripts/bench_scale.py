@@ -1,0 +1,126 @@
+"""Export + save at scale, side by side: om.export vs torch.onnx.export(dynamo=True), a Llama
+of the given size (random weights), external data; the disk's own speed (dd) as the floor.
+
+Each side runs in a fresh process (peak RSS is per process); figures are printed as ratios.
+
+    python scripts/bench_scale.py                         # small: fits CI's machine
+    python scripts/bench_scale.py --hidden 2048 --layers 22 --intermediate 5632 \\
+        --heads 32 --kv-heads 4 --vocab 32000             # TinyLlama's shape, 1.1 B params
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def build(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=args.hidden, num_hidden_layers=args.layers,
+                         intermediate_size=args.intermediate, num_attention_heads=args.heads,
+                         num_key_value_heads=args.kv_heads, vocab_size=args.vocab,
+                         use_cache=False, attn_implementation="eager")
+    with torch.device("cpu"):
+        model = LlamaForCausalLM(config).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model, (torch.randint(0, args.vocab, (1, 16)),)
+
+
+def child(side: str, args: argparse.Namespace, out: Path) -> None:
+    """One side in this process: build, export, save; print JSON figures."""
+    import torch
+
+    model, inputs = build(args)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    start = time.perf_counter()
+    if side == "ours":
+        import onnx_modular as om
+
+        result = om.export(model, inputs)
+        exported = time.perf_counter()
+        result.save(out / "model.onnx", external_data_threshold=0)
+    else:
+        program = torch.onnx.export(model, inputs, dynamo=True, optimize=True, verbose=False)
+        exported = time.perf_counter()
+        program.save(str(out / "model.onnx"), external_data=True)
+    saved = time.perf_counter()
+    written = sum(p.stat().st_size for p in out.iterdir())
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"export_s": exported - start, "save_s": saved - exported,
+                      "bytes": written, "peak_rss": peak, "weights": weights}))
+
+
+def dd_speed(directory: Path, size: int) -> float:
+    """Bytes per second this disk writes (dd, fdatasync at the end)."""
+    target = directory / "dd.bin"
+    block = 64 * 2**20
+    count = max(1, size // block)
+    start = time.perf_counter()
+    subprocess.run(["dd", "if=/dev/zero", f"of={target}", f"bs={block}", f"count={count}",
+                    "conv=fdatasync"], check=True, capture_output=True)
+    seconds = time.perf_counter() - start
+    target.unlink()
+    return count * block / seconds
+
+
+def run_side(side: str, argv: list[str], directory: Path) -> dict[str, float]:
+    out = directory / side
+    out.mkdir()
+    proc = subprocess.run([sys.executable, __file__, "--child", side, "--out", str(out),
+                           *argv], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        sys.exit(f"{side} failed:\n{proc.stderr[-3000:]}")
+    shutil.rmtree(out)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--intermediate", type=int, default=704)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--kv-heads", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=4000)
+    parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
+    parser.add_argument("--child", choices=["ours", "torch"], help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args, Path(args.out))
+        return
+    argv = [a for a in sys.argv[1:]]
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        directory = Path(tmp)
+        ours = run_side("ours", argv, directory)
+        theirs = run_side("torch", argv, directory)
+        disk = dd_speed(directory, int(ours["bytes"]))
+    gb = ours["weights"] / 1e9
+    print(f"Llama hidden {args.hidden}, {args.layers} layers: {gb:.2f} GB of fp32 weights; "
+          f"disk (dd, fdatasync) {disk / 1e6:.0f} MB/s")
+    for name, r in (("om.export", ours), ("torch.onnx", theirs)):
+        print(f"  {name:11s} export {r['export_s']:7.1f} s  save {r['save_s']:7.1f} s "
+              f"({r['bytes'] / r['save_s'] / 1e6:5.0f} MB/s)  peak RSS "
+              f"{r['peak_rss'] / 1e9:5.2f} GB ({r['peak_rss'] / r['weights']:.2f}x weights)")
+    total_ours = ours["export_s"] + ours["save_s"]
+    total_theirs = theirs["export_s"] + theirs["save_s"]
+    print(f"  save vs dd: {ours['save_s'] / (ours['bytes'] / disk):.2f}x the disk's time; "
+          f"export+save ours/torch.onnx: {total_ours / total_theirs:.2f}x; "
+          f"export alone: {ours['export_s'] / theirs['export_s']:.2f}x")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    main()

@@ -1,0 +1,158 @@
+"""Saves are atomic as a set: a reader sees the old model + data or the new ones, never a part
+or a mix, whatever step fails; a killed writer's temporaries go with the next save."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from torch import nn
+
+import onnx_modular as om
+from onnx_modular import _io
+
+
+class Two(nn.Module):
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        with torch.no_grad():
+            self.fc.weight.fill_(scale)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+X = torch.ones(2, 16)
+
+
+def export(scale: float) -> om.ExportResult:
+    return om.export(Two(scale).eval(), (X,))
+
+
+def run(path: Path) -> np.ndarray:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, {session.get_inputs()[0].name: X.numpy()})[0]
+
+
+def test_external_data_saves_replace_the_whole_set(tmp_path: Path) -> None:
+    path = tmp_path / "m.onnx"
+    export(1.0).save(path, external_data_threshold=0)
+    first = set(os.listdir(tmp_path))
+    export(2.0).save(path, external_data_threshold=0)
+    second = set(os.listdir(tmp_path))
+    assert len(second) == 2 and "m.onnx" in second and not (first - {"m.onnx"}) & second
+    assert run(path)[0, 0] == pytest.approx(2.0 * 16 + float(Two(2.0).fc.bias[0]), abs=1)
+
+
+@pytest.mark.parametrize("step", range(4))
+def test_an_interrupted_save_leaves_the_old_set(tmp_path: Path, monkeypatch, step: int) -> None:
+    """Every file operation of an external-data save fails in turn (disk full)."""
+    path = tmp_path / "m.onnx"
+    old = export(1.0)
+    old.save(path, external_data_threshold=0)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    expected = run(path)
+    calls = {"n": 0}
+    real_replace = os.replace
+
+    def failing_replace(src: object, dst: object) -> None:
+        if calls["n"] == step:
+            calls["n"] += 1
+            raise OSError(errno.ENOSPC, "No space left on device")
+        calls["n"] += 1
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    new = export(2.0)
+    try:
+        new.save(path, external_data_threshold=0)
+    except om.OnnxModularError as e:
+        assert "no space left" in str(e) and "\n" not in str(e)
+        after = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+        assert after == before  # exactly the old set, nothing else
+        np.testing.assert_array_equal(run(path), expected)
+    else:  # the failing step came after the save was complete
+        monkeypatch.undo()
+        assert len(list(tmp_path.iterdir())) == 2
+        assert not np.array_equal(run(path), expected)
+
+
+def test_a_killed_writers_temporaries_go_with_the_next_save(tmp_path: Path) -> None:
+    dead = 2**22 + 12345  # above the default pid_max: no such process
+    stale_file = tmp_path / f".m.onnx.om{dead}-abcd1234.tmp"
+    stale_file.write_bytes(b"half a model")
+    stale_dir = tmp_path / f".m.onnx.om{dead}-beef0000.tmp"
+    stale_dir.mkdir()
+    (stale_dir / "m.onnx").write_bytes(b"half")
+    other = tmp_path / f".other.onnx.om{dead}-abcd1234.tmp"  # another target's: kept
+    other.write_bytes(b"x")
+    mine = tmp_path / f".m.onnx.om{os.getpid()}-live0000.tmp"  # a live writer's: kept
+    mine.write_bytes(b"x")
+    export(1.0).save(tmp_path / "m.onnx")
+    assert not stale_file.exists() and not stale_dir.exists()
+    assert other.exists() and mine.exists()
+
+
+def test_bad_targets_are_one_line_and_touch_nothing(tmp_path: Path) -> None:
+    result = export(1.0)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    unrelated = tmp_path / "folder.data"
+    unrelated.write_bytes(b"keep me")
+    with pytest.raises(om.OnnxModularError, match="is a directory"):
+        result.save(folder, external_data_threshold=0)
+    with pytest.raises(om.OnnxModularError, match="output path is empty"):
+        result.save("")
+    assert unrelated.read_bytes() == b"keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "folder.data"]
+
+
+def test_disk_full_during_an_inline_save_leaves_nothing(tmp_path: Path, monkeypatch) -> None:
+    def full(*_args: object, **_kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(_io.ir, "save", full)
+    with pytest.raises(om.OnnxModularError, match="no space left on the device"):
+        export(1.0).save(tmp_path / "m.onnx")
+    assert list(tmp_path.iterdir()) == []
+
+
+class ReturnsNone(nn.Module):
+    def forward(self, x: torch.Tensor) -> None:
+        return None
+
+
+class ReturnsInt(nn.Module):
+    def forward(self, x: torch.Tensor) -> int:
+        return x.shape[0]
+
+
+class ReturnsStr(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, str]:
+        return x + 1, "hello"
+
+
+@pytest.mark.parametrize("model, message", [
+    (ReturnsNone(), "returns no tensor"),
+    (ReturnsInt(), r"output #0 .* constant Python int \(2\), not a tensor"),
+    (ReturnsStr(), r"output #1 .* constant Python str \('hello'\), not a tensor"),
+])
+def test_outputs_that_are_not_tensors_are_one_clear_error(model: nn.Module,
+                                                         message: str) -> None:
+    with pytest.raises(om.OnnxModularError, match=message):
+        om.export(model, (torch.randn(2, 3),))
+
+
+def test_inputs_that_do_not_fit_fail_before_anything_is_written(tmp_path: Path) -> None:
+    """int64 ids into a Linear: torch.export does not run kernels and lets it through;
+    strict ONNX inference stops it, naming the module and the user's line."""
+    with pytest.raises(om.OnnxModularError, match=r"invalid in module 'fc', node 'linear'.*"
+                       r"\[module 'fc', node 'linear', .*test_io\.py:\d+\]"):
+        om.export(Two(1.0).eval(), (torch.randint(0, 5, (2, 16)),))
+    assert list(tmp_path.iterdir()) == []
