@@ -101,3 +101,47 @@ def test_unwritable_output_fails_before_work(tmp_path) -> None:
     assert main(["export", "onnx_modular.examples:tiny_gpt", "--input", "2x8:int64",
                  "-o", str(target)]) == 2
     assert not Path(tmp_path / "no").exists()
+
+
+RAISES_IN_FORWARD = """
+import torch
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return self.helper(x)
+
+    def helper(self, x):
+        raise ValueError("user bug in helper")
+"""
+
+
+def test_user_errors_keep_their_cause_for_debug(tmp_path, capsys) -> None:
+    """One line without --debug; with it, the chain reaches the user's own frame."""
+    import traceback
+
+    import onnx
+    from onnx import TensorProto, helper
+
+    src = tmp_path / "raises.py"
+    src.write_text(RAISES_IN_FORWARD)
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    onnx.save(model, tmp_path / "m.onnx")
+    argv = ["validate", f"{src}:Model", "--input", "2x8:float32", str(tmp_path / "m.onnx")]
+
+    assert main(argv) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "user bug in helper" in lines[0]
+
+    with pytest.raises(OnnxModularError) as info:
+        main([*argv, "--debug"])
+    shown = "".join(traceback.format_exception(info.value))
+    assert str(src) in shown and "in helper" in shown
+
+    with pytest.raises(OnnxModularError) as info:
+        random_input("2xq:int64")
+    assert isinstance(info.value.__cause__, ValueError)

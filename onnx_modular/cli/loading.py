@@ -3,6 +3,9 @@
 A spec is ``package.module:attr`` or ``path/to/file.py:attr``. MODEL yields an ``nn.Module``
 (or a zero-argument callable returning one); INPUTS yields a tuple of tensors, one tensor,
 or ``(args, kwargs)``. ``--input 1x8:int64`` builds random inputs instead.
+
+Every failure is a one-line ``fail(..., rules.BAD_INPUT)`` that keeps the user's exception
+as its cause, so ``--debug`` shows the user's own frames.
 """
 
 from __future__ import annotations
@@ -17,19 +20,14 @@ from typing import Any
 
 import torch
 
-from onnx_modular.diagnostics import Diagnostic, Level, OnnxModularError
-from onnx_modular.errors import rules
-
-
-def user_error(message: str) -> OnnxModularError:
-    """A one-line error about what the user passed (rule OM0501)."""
-    return OnnxModularError(Diagnostic(rules.BAD_INPUT, Level.ERROR, message))
+from onnx_modular.errors import fail, rules
 
 
 def load_object(spec: str) -> Any:
     """``module:attr`` or ``file.py:attr`` -> the attribute (dotted attrs allowed)."""
     if ":" not in spec:
-        raise user_error(f"'{spec}' is not of the form package.module:attr or file.py:attr")
+        raise fail(f"'{spec}' is not of the form package.module:attr or file.py:attr",
+                   rules.BAD_INPUT)
     where, _, attr = spec.rpartition(":")
     if where.endswith(".py") or os.sep in where or "/" in where:
         module = _import_file(where)
@@ -37,19 +35,21 @@ def load_object(spec: str) -> Any:
         try:
             module = importlib.import_module(where)
         except Exception as e:  # an import can fail in any way; say which module and why
-            raise user_error(f"cannot import module '{where}': {type(e).__name__}: {e}") from e
+            raise fail(f"cannot import module '{where}': {type(e).__name__}: {e}",
+                       rules.BAD_INPUT) from e
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise user_error(f"'{where}' has no attribute '{attr}'")
+            raise fail(f"'{where}' has no attribute '{attr}'", rules.BAD_INPUT)
         obj = getattr(obj, part)
     return obj
 
 
 def _import_file(path: str) -> Any:
+    """Import a user's file by path, once per version of it (see the comment below)."""
     file = Path(path)
     if not file.is_file():
-        raise user_error(f"no such file: '{path}'")
+        raise fail(f"no such file: '{path}'", rules.BAD_INPUT)
     resolved = file.resolve()
     stamp = (str(resolved), resolved.stat().st_mtime_ns)
     name = f"_onnx_modular_user_{file.stem}"
@@ -64,7 +64,7 @@ def _import_file(path: str) -> Any:
         name = f"_onnx_modular_user_{file.stem}_{suffix}"
     spec = importlib.util.spec_from_file_location(name, resolved)
     if spec is None or spec.loader is None:
-        raise user_error(f"cannot import '{path}' as a Python file")
+        raise fail(f"cannot import '{path}' as a Python file", rules.BAD_INPUT)
     module = importlib.util.module_from_spec(spec)
     module.__onnx_modular_stamp__ = stamp  # type: ignore[attr-defined]
     sys.modules[name] = module
@@ -74,7 +74,7 @@ def _import_file(path: str) -> Any:
         spec.loader.exec_module(module)
     except Exception as e:
         sys.modules.pop(name, None)
-        raise user_error(f"cannot import '{path}': {type(e).__name__}: {e}") from e
+        raise fail(f"cannot import '{path}': {type(e).__name__}: {e}", rules.BAD_INPUT) from e
     finally:
         # remove our entry, not whatever is first now: the file may have edited sys.path
         with contextlib.suppress(ValueError):
@@ -83,30 +83,34 @@ def _import_file(path: str) -> Any:
 
 
 def load_model(spec: str) -> torch.nn.Module:
+    """MODEL -> an ``nn.Module`` in eval mode (a class or factory is called with no args):
+    export and validation compare inference, not training, behaviour."""
     obj = load_object(spec)
     if not isinstance(obj, torch.nn.Module) and callable(obj):  # a class or a factory
         try:
             obj = obj()
         except Exception as e:
-            raise user_error(f"calling '{spec}' to build the model failed: "
-                             f"{type(e).__name__}: {e}") from e
+            raise fail(f"calling '{spec}' to build the model failed: "
+                       f"{type(e).__name__}: {e}", rules.BAD_INPUT) from e
     if not isinstance(obj, torch.nn.Module):
-        raise user_error(f"'{spec}' is a {type(obj).__name__}, not an nn.Module")
+        raise fail(f"'{spec}' is a {type(obj).__name__}, not an nn.Module", rules.BAD_INPUT)
     return obj.eval()
 
 
 def load_inputs(spec: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """INPUTS -> ``(args, kwargs)``; a callable is called, so inputs can be built lazily."""
     obj = load_object(spec)
     if callable(obj) and not isinstance(obj, torch.Tensor):
         try:
             obj = obj()
         except Exception as e:
-            raise user_error(f"calling '{spec}' to build the inputs failed: "
-                             f"{type(e).__name__}: {e}") from e
+            raise fail(f"calling '{spec}' to build the inputs failed: "
+                       f"{type(e).__name__}: {e}", rules.BAD_INPUT) from e
     return normalize_inputs(obj, spec)
 
 
 def normalize_inputs(obj: Any, what: str = "inputs") -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Every form INPUTS may take (tensor, tuple, list, dict, ``(args, kwargs)``) -> one."""
     if isinstance(obj, torch.Tensor):
         return (obj,), {}
     if (isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], (tuple, list))
@@ -116,8 +120,8 @@ def normalize_inputs(obj: Any, what: str = "inputs") -> tuple[tuple[Any, ...], d
         return tuple(obj), {}
     if isinstance(obj, dict):
         return (), dict(obj)
-    raise user_error(f"{what} gave a {type(obj).__name__}; expected a tensor, a tuple of "
-                     "tensors, or (args, kwargs)")
+    raise fail(f"{what} gave a {type(obj).__name__}; expected a tensor, a tuple of "
+               "tensors, or (args, kwargs)", rules.BAD_INPUT)
 
 
 _DTYPES = {
@@ -133,15 +137,16 @@ def random_input(spec: str, seed: int = 0) -> torch.Tensor:
     shape_text, _, dtype_text = spec.partition(":")
     dtype = _DTYPES.get(dtype_text or "float32")
     if dtype is None:
-        raise user_error(f"unknown dtype '{dtype_text}' in --input '{spec}' "
-                         f"(one of {', '.join(sorted(_DTYPES))})")
+        raise fail(f"unknown dtype '{dtype_text}' in --input '{spec}' "
+                   f"(one of {', '.join(sorted(_DTYPES))})", rules.BAD_INPUT)
     try:
         shape = [int(d) for d in shape_text.lower().split("x")] if shape_text else []
-    except ValueError:
-        raise user_error(f"bad shape '{shape_text}' in --input '{spec}' (e.g. 1x8)") from None
+    except ValueError as e:
+        raise fail(f"bad shape '{shape_text}' in --input '{spec}' (e.g. 1x8)",
+                   rules.BAD_INPUT) from e
     if any(d < 0 for d in shape):
-        raise user_error(f"bad shape '{shape_text}' in --input '{spec}': dimensions must be "
-                         ">= 0")
+        raise fail(f"bad shape '{shape_text}' in --input '{spec}': dimensions must be >= 0",
+                   rules.BAD_INPUT)
     generator = torch.Generator().manual_seed(seed)
     if dtype == torch.bool:
         return torch.randint(0, 2, shape, generator=generator).bool()
@@ -152,10 +157,12 @@ def random_input(spec: str, seed: int = 0) -> torch.Tensor:
 
 def resolve_inputs(inputs: str | None, random_specs: list[str] | None,
                    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``--inputs`` or ``--input`` (exactly one of them) -> ``(args, kwargs)``."""
     if inputs and random_specs:
-        raise user_error("give either --inputs or --input, not both")
+        raise fail("give either --inputs or --input, not both", rules.BAD_INPUT)
     if inputs:
         return load_inputs(inputs)
     if random_specs:
         return tuple(random_input(s, seed=i) for i, s in enumerate(random_specs)), {}
-    raise user_error("no inputs: give --inputs SPEC or one --input SHAPE:DTYPE per input")
+    raise fail("no inputs: give --inputs SPEC or one --input SHAPE:DTYPE per input",
+               rules.BAD_INPUT)
