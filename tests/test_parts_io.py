@@ -169,7 +169,7 @@ def test_threads_sharing_a_runner_make_each_session_once(tmp_path: Path, monkeyp
             barrier.wait()
             for _ in range(3):
                 torch.testing.assert_close(runner.run(X), expected, rtol=1e-4, atol=1e-5)
-        except BaseException as e:  # noqa: BLE001 - reported below
+        except BaseException as e:
             errors.append(e)
 
     threads = [threading.Thread(target=work) for _ in range(8)]
