@@ -76,8 +76,8 @@ def _temp_name(target: Path) -> str:
 
 def _os_error(target: Path, error: OSError) -> Exception:
     if error.errno == errno.ENOSPC:
-        return fail(f"cannot write '{target}': no space left on the device; nothing was "
-                    "written")
+        return fail(f"cannot write '{target}': no space left on the device (no partial "
+                    "file was left)")
     return fail(f"cannot write '{target}': {error.strerror or error}")
 
 

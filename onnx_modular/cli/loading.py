@@ -20,7 +20,9 @@ from typing import Any
 
 import torch
 
+from onnx_modular._util import check_allocation
 from onnx_modular.errors import fail, rules
+from onnx_modular.runtime import first_line as runtime_line
 
 
 def load_object(spec: str) -> Any:
@@ -147,12 +149,20 @@ def random_input(spec: str, seed: int = 0) -> torch.Tensor:
     if any(d < 0 for d in shape):
         raise fail(f"bad shape '{shape_text}' in --input '{spec}': dimensions must be >= 0",
                    rules.BAD_INPUT)
+    if 0 in shape:
+        raise fail(f"bad shape '{shape_text}' in --input '{spec}': a size-0 dimension makes "
+                   "an empty input (torch.export fixes it at 0, so the model would take only "
+                   "empty tensors); use sizes >= 1", rules.BAD_INPUT)
+    check_allocation(shape, torch.empty((), dtype=dtype).element_size(), f"--input '{spec}'")
     generator = torch.Generator().manual_seed(seed)
-    if dtype == torch.bool:
-        return torch.randint(0, 2, shape, generator=generator).bool()
-    if dtype.is_floating_point:
-        return torch.randn(shape, generator=generator).to(dtype)
-    return torch.randint(0, 100, shape, generator=generator, dtype=dtype)
+    try:
+        if dtype == torch.bool:
+            return torch.randint(0, 2, shape, generator=generator).bool()
+        if dtype.is_floating_point:
+            return torch.randn(shape, generator=generator).to(dtype)
+        return torch.randint(0, 100, shape, generator=generator, dtype=dtype)
+    except (RuntimeError, MemoryError) as e:  # the allocation failed
+        raise fail(f"cannot make --input '{spec}': {runtime_line(e)}", rules.BAD_INPUT) from e
 
 
 def resolve_inputs(inputs: str | None, random_specs: list[str] | None,

@@ -123,16 +123,8 @@ def save_parts(directory: str | os.PathLike[str], parts: Sequence[Any],
     the renames is undone by the next one). Parts above 2 GB get external data. The
     manifest and every part record one ``set_id``: a runner that meets two ids refuses.
     """
-    out = Path(directory)
-    if not str(directory):
-        raise fail("cannot write parts to '': the output directory is empty")
-    if out.exists() and not out.is_dir():
-        raise fail(f"cannot write parts to '{out}': it is a file, not a directory")
-    parent = out.parent if str(out.parent) else Path(".")
-    if not parent.is_dir():
-        raise fail(f"cannot write parts to '{out}': directory '{parent}' does not exist")
-    if not os.access(parent, os.W_OK):
-        raise fail(f"cannot write parts to '{out}': directory '{parent}' is not writable")
+    out = check_parts_directory(directory)
+    parent = out.parent
     restore_interrupted_swap(out)
     clean_stale_temporaries(parent, out.name)
     set_id = secrets.token_hex(8)
@@ -153,6 +145,22 @@ def save_parts(directory: str | os.PathLike[str], parts: Sequence[Any],
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
+    return out
+
+
+def check_parts_directory(directory: str | os.PathLike[str]) -> Path:
+    """The parts directory as a Path, or one line saying why it cannot be written; the
+    command line calls this before the work, ``save_parts`` again before writing."""
+    if not str(directory):
+        raise fail("cannot write parts to '': the output directory is empty")
+    out = Path(directory)
+    if out.exists() and not out.is_dir():
+        raise fail(f"cannot write parts to '{out}': it is a file, not a directory")
+    parent = out.parent
+    if not parent.is_dir():
+        raise fail(f"cannot write parts to '{out}': directory '{parent}' does not exist")
+    if not os.access(parent, os.W_OK):
+        raise fail(f"cannot write parts to '{out}': directory '{parent}' is not writable")
     return out
 
 
