@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import errno
 import math
+import os
 import shutil
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -374,6 +376,51 @@ def test_a_flat_opset_the_converter_cannot_reach_names_the_op() -> None:
     for opset in (0, 6, 99, True):
         with pytest.raises(om.OnnxModularError, match=r"not an ONNX opset .* give 7\.\."):
             om.export(model, x, opset=opset, functions="none")
+
+
+# ---- what runs from the current directory --------------------------------------------------------
+
+def test_python_m_does_not_import_the_current_directory(tmp_path: Path) -> None:
+    model = _identity(3)
+    onnx.save(model, tmp_path / "m.onnx")
+    (tmp_path / "rich.py").write_text(
+        "from pathlib import Path\nPath(__file__).with_name('RAN').write_text('x')\n"
+        "raise SystemExit('the rich.py of the current directory ran')\n")
+    package_root = str(Path(om.__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": package_root}
+    proc = subprocess.run([sys.executable, "-m", "onnx_modular", "inspect", "m.onnx"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert not (tmp_path / "RAN").exists()
+
+
+def test_module_specs_are_found_in_the_current_directory_without_it_on_sys_path(
+        tmp_path: Path, monkeypatch) -> None:
+    """The console script has no current directory on sys.path; ``python -m`` no longer
+    either: both look a ``pkg.mod:attr`` spec up there, for that import only."""
+    from onnx_modular.cli.loading import load_model
+
+    (tmp_path / "here_only.py").write_text(NET)
+    monkeypatch.chdir(tmp_path)
+    cwd = os.getcwd()
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", cwd)])
+    assert isinstance(load_model("here_only:reference"), nn.Module)
+    assert cwd not in sys.path and "" not in sys.path
+
+
+@pytest.mark.parametrize("argv, target", [
+    (["py", "-m", "onnx_modular", "inspect"], "onnx_modular"),
+    (["py", "-monnx_modular.cli"], "onnx_modular.cli"),
+    (["py", "-X", "importtime", "-Bm", "onnx_modular"], "onnx_modular"),
+    (["py", "-Wignore", "--check-hash-based-pycs", "always", "-m", "x"], "x"),
+    (["py", "-c", "code", "-m", "onnx_modular"], None),
+    (["py", "script.py", "-m", "onnx_modular"], None),
+])
+def test_the_module_python_m_runs_is_read_from_its_options(argv: list[str],
+                                                           target: str | None) -> None:
+    from onnx_modular._safepath import dash_m_target
+
+    assert dash_m_target(argv) == target
 
 
 def test_memory_check_refuses_what_cannot_fit(monkeypatch) -> None:

@@ -4,6 +4,10 @@ A spec is ``package.module:attr`` or ``path/to/file.py:attr``. MODEL yields an `
 (or a zero-argument callable returning one); INPUTS yields a tuple of tensors, one tensor,
 or ``(args, kwargs)``. ``--input 1x8:int64`` builds random inputs instead.
 
+Resolving a spec imports the user's Python and runs it (module-level code, a factory): only
+MODEL and INPUTS specs are resolved, and only with the directory the spec names (the current
+one for ``pkg.mod:attr``) on ``sys.path`` for that import.
+
 Every failure is a one-line ``fail(..., rules.BAD_INPUT)`` that keeps the user's exception
 as its cause, so ``--debug`` shows the user's own frames.
 """
@@ -15,6 +19,7 @@ import importlib
 import importlib.util
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +40,8 @@ def load_object(spec: str) -> Any:
         module = _import_file(where)
     else:
         try:
-            module = importlib.import_module(where)
+            with _on_path(os.getcwd()):
+                module = importlib.import_module(where)
         except Exception as e:  # an import can fail in any way; say which module and why
             raise fail(f"cannot import module '{where}': {type(e).__name__}: {e}",
                        rules.BAD_INPUT) from e
@@ -70,18 +76,31 @@ def _import_file(path: str) -> Any:
     module = importlib.util.module_from_spec(spec)
     module.__onnx_modular_stamp__ = stamp  # type: ignore[attr-defined]
     sys.modules[name] = module
-    entry = str(resolved.parent)
-    sys.path.insert(0, entry)
     try:
-        spec.loader.exec_module(module)
+        with _on_path(str(resolved.parent)):
+            spec.loader.exec_module(module)
     except Exception as e:
         sys.modules.pop(name, None)
         raise fail(f"cannot import '{path}': {type(e).__name__}: {e}", rules.BAD_INPUT) from e
+    return module
+
+
+@contextlib.contextmanager
+def _on_path(entry: str) -> Iterator[None]:
+    """``entry`` first on ``sys.path`` while a user's spec is imported, and only then.
+
+    The package's own imports never search the current directory (see
+    :mod:`onnx_modular._safepath`); a spec ``pkg.mod:attr`` is looked up there first, under
+    ``python -m onnx_modular`` and the ``onnx-modular`` script alike, and a file's folder
+    is searched for the modules the file imports.
+    """
+    sys.path.insert(0, entry)
+    try:
+        yield
     finally:
-        # remove our entry, not whatever is first now: the file may have edited sys.path
+        # remove our entry, not whatever is first now: the user's code may edit sys.path
         with contextlib.suppress(ValueError):
             sys.path.remove(entry)
-    return module
 
 
 def load_model(spec: str) -> torch.nn.Module:
