@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+from google.protobuf.descriptor import FieldDescriptor
 from onnx.external_data_helper import load_external_data_for_model
 
 from onnx_modular.diagnostics import OnnxModularError
@@ -110,6 +111,43 @@ class LoadedModel:
         return {}
 
 
+_STRING, _MESSAGE = FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_MESSAGE
+_TEXT_FIELDS: dict[str, tuple[list[str], list[str]]] = {}
+
+
+def non_text_field(message: Any) -> str | None:
+    """The name of the first string field of ``message`` (nested ones too) that holds bytes
+    that are not UTF-8, or None.
+
+    protobuf hands such a field to Python as ``bytes`` instead of ``str`` (ONNX's schema is
+    proto2, which does not check), and every name the package reads would then break in
+    its own way: a corrupt file must fail once, at loading. Only string and message fields
+    are read, never tensor data.
+    """
+    todo = [message]
+    while todo:
+        msg = todo.pop()
+        key = msg.DESCRIPTOR.full_name
+        if key not in _TEXT_FIELDS:
+            fields = msg.DESCRIPTOR.fields
+            _TEXT_FIELDS[key] = ([f.name for f in fields if f.type == _STRING],
+                                 [f.name for f in fields if f.type == _MESSAGE])
+        strings, messages = _TEXT_FIELDS[key]
+        for name in strings:
+            value = getattr(msg, name)
+            for item in ([value] if isinstance(value, (str, bytes)) else value):
+                if not isinstance(item, str):
+                    return f"{msg.DESCRIPTOR.name}.{name}"
+        for name in messages:
+            value = getattr(msg, name)
+            if hasattr(value, "ListFields"):  # a singular message
+                if value.ListFields():
+                    todo.append(value)
+            else:
+                todo.extend(value)
+    return None
+
+
 def _external_files(proto: onnx.ModelProto) -> set[str]:
     names = set()
     for init in proto.graph.initializer:
@@ -149,6 +187,10 @@ def load_model(onnx_model: Any, what: str = "ONNX model") -> LoadedModel:
                        f"({first_line(exc)})") from exc
         if not proto.graph.node and not proto.graph.output:
             raise fail(f"cannot read {what} '{path}': the file holds no ONNX graph")
+        field = non_text_field(proto)
+        if field is not None:
+            raise fail(f"cannot read {what} '{path}': not a valid ONNX file (a {field} "
+                       "holds bytes that are not UTF-8 text)")
         return LoadedModel(proto, str(path), path, external_files=external)
     raise fail(f"{what} must be a path, an onnx.ModelProto or an export result with "
                f".model_proto, got {type(onnx_model).__name__}")

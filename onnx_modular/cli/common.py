@@ -23,7 +23,7 @@ from onnx_modular import _io
 from onnx_modular.check.compare import CompareReport
 from onnx_modular.check.validate import ValidationReport
 from onnx_modular.cli.loading import load_model, resolve_inputs
-from onnx_modular.diagnostics import Diagnostic, Level
+from onnx_modular.diagnostics import Diagnostic, Level, one_line
 from onnx_modular.errors import fail, rules
 from onnx_modular.runtime import resolve_providers
 
@@ -44,7 +44,8 @@ class Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line and exit code 2, like every other user error."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        err.print(f"[bold red]error:[/bold red] {self.prog}: {escape(message)}", highlight=False)
+        err.print(f"[bold red]error:[/bold red] {self.prog}: {escape(one_line(message))}",
+                  highlight=False)
         raise SystemExit(EXIT_USAGE)
 
 
@@ -150,6 +151,7 @@ def step(message: str) -> Iterator[None]:
     errors and warnings, so a user error there is exactly one line.
     """
     start = time.perf_counter()
+    message = escape(message)  # it names the user's model and files: not markup
     with err.status(f"{message} ..."):
         yield
     if err.is_terminal:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.table import Table
+from rich.text import Text
 
 from onnx_modular.api.export import ExportResult, export
 from onnx_modular.check.inspect import summary
@@ -87,7 +88,7 @@ def _functions(args: argparse.Namespace) -> str | list[str]:
 def _summary_table(result: ExportResult, output: str, elapsed: float) -> Table:
     """What was written, in the numbers a user checks first (functions vs call sites)."""
     facts = summary(result.model_proto)
-    table = Table(title=f"Exported {output}", show_header=False)
+    table = Table(title=Text(f"Exported {output}"), show_header=False)
     for key, value in [
         ("functions", facts["functions"]), ("call sites", facts["calls"]),
         ("main graph nodes", facts["main_graph_nodes"]),

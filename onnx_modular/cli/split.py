@@ -7,6 +7,8 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
+from rich.markup import escape
+
 from onnx_modular.api.split import SplitResult, split
 from onnx_modular.api.stages import split_stages
 from onnx_modular.cli import common
@@ -81,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
         parts.preview(console=common.out)
     with common.step(f"Writing {args.output}"):
         parts.save(args.output)
-    common.out.print(f"{len(parts.regions)} part(s) and manifest.json written to {args.output}")
+    common.out.print(f"{len(parts.regions)} part(s) and manifest.json written to "
+                     f"{escape(args.output)}")
     return common.EXIT_OK
 
 
