@@ -1,5 +1,8 @@
 """onnx_modular: torch.export -> module hierarchy -> hierarchical ONNX, split and validated."""
 
+# First, before anything else is imported: under ``python -m onnx_modular`` the current
+# directory must not shadow the libraries (importing _safepath drops it from sys.path).
+from onnx_modular import _safepath as _safepath  # isort: skip
 from onnx_modular._version import __version__ as __version__
 from onnx_modular.api.export import ExportResult, export
 from onnx_modular.api.hook import hook

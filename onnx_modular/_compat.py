@@ -10,6 +10,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import sys
+import threading
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -264,6 +267,64 @@ def quiet_loggers(*names: str) -> Iterator[None]:
     finally:
         for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)
+
+
+#: The libraries whose loggers, prints and warnings a capture or translation silences.
+QUIET_LIBRARIES = ("torch", "onnxscript", "onnx_ir", "onnx")
+
+
+class _MutedInThread:
+    """A stand-in for ``sys.stdout``/``sys.stderr`` that drops what one thread writes and
+    passes every other thread's writes on (a progress spinner keeps spinning)."""
+
+    def __init__(self, stream: Any, thread: int) -> None:
+        self._stream = stream
+        self._thread = thread
+
+    def write(self, text: str) -> int:
+        if threading.get_ident() == self._thread:
+            return len(text)
+        return self._stream.write(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def quiet_libraries() -> Iterator[None]:
+    """Nothing from torch, onnxscript or onnx reaches the terminal while this runs.
+
+    torch.export prints the partial graph to stderr when it fails (``_log_export_wrapper``),
+    symbolic shapes log warnings through torch's own handler, the exportdb logs an error,
+    torch.onnx prints progress; user code under trace warns. The caller reports failures as
+    one line and success as its summary, so these would only come first. Loggers of the
+    libraries are disabled (new ones inherit a level above CRITICAL), warnings ignored,
+    and this thread's writes to stdout/stderr dropped.
+    """
+    manager = logging.Logger.manager
+    loggers = [logger for name, logger in list(manager.loggerDict.items())
+               if isinstance(logger, logging.Logger)
+               and any(name == lib or name.startswith(lib + ".") for lib in QUIET_LIBRARIES)]
+    disabled = [logger.disabled for logger in loggers]
+    tops = [logging.getLogger(lib) for lib in QUIET_LIBRARIES]
+    levels = [logger.level for logger in tops]
+    for logger in loggers:
+        logger.disabled = True
+    for logger in tops:
+        logger.setLevel(logging.CRITICAL + 1)
+    thread = threading.get_ident()
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _MutedInThread(out, thread), _MutedInThread(err, thread)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        sys.stdout, sys.stderr = out, err
+        for logger, level in zip(tops, levels, strict=True):
+            logger.setLevel(level)
+        for logger, was in zip(loggers, disabled, strict=True):
+            logger.disabled = was
 
 
 # ---- onnx_ir ---------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import errno
 import os
 import re
 import secrets
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,7 +26,7 @@ TWO_GB = 2 * 1024**3
 _TEMP = re.compile(r"^\.(?P<target>.+)\.om(?P<pid>\d+)-[0-9a-z_]+\.tmp$")
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     if pid == os.getpid():
         return True
     try:
@@ -45,13 +46,11 @@ def clean_stale_temporaries(directory: Path, target_name: str) -> None:
         return
     for entry in entries:
         match = _TEMP.match(entry.name)
-        if match is None or match["target"] != target_name or _pid_alive(int(match["pid"])):
+        if match is None or match["target"] != target_name or pid_alive(int(match["pid"])):
             continue
         with contextlib.suppress(OSError):
             if entry.is_dir(follow_symlinks=False):
-                for inner in Path(entry.path).iterdir():
-                    inner.unlink()
-                os.rmdir(entry.path)
+                shutil.rmtree(entry.path)
             else:
                 os.unlink(entry.path)
 
@@ -77,8 +76,8 @@ def _temp_name(target: Path) -> str:
 
 def _os_error(target: Path, error: OSError) -> Exception:
     if error.errno == errno.ENOSPC:
-        return fail(f"cannot write '{target}': no space left on the device; nothing was "
-                    "written")
+        return fail(f"cannot write '{target}': no space left on the device (no partial "
+                    "file was left)")
     return fail(f"cannot write '{target}': {error.strerror or error}")
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
+import os
 import re
 from collections.abc import Iterator, Sequence
 from typing import TypeVar
@@ -63,3 +65,25 @@ def format_bytes(n: int) -> str:
         if n >= size:
             return f"{n / size:.2f} {unit}"
     return f"{n} B"
+
+
+def memory_bytes() -> int | None:
+    """This machine's physical memory (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_allocation(shape: Sequence[int], itemsize: int, what: str) -> None:
+    """One line, before allocating, for a tensor that cannot fit: a typo such as
+    ``100000x100000`` would otherwise fail deep inside torch or numpy, or be killed."""
+    from onnx_modular.errors import fail
+
+    if any(d < 0 for d in shape):
+        raise fail(f"{what}: shape {list(shape)} has a negative dimension")
+    nbytes = math.prod(shape) * itemsize
+    limit = memory_bytes()
+    if limit is not None and nbytes > limit:
+        raise fail(f"{what}: shape {list(shape)} needs {nbytes / 2**30:,.1f} GiB, more than "
+                   f"this machine's {limit / 2**30:,.1f} GiB of memory")

@@ -99,6 +99,13 @@ class Location:
         return loc
 
 
+def one_line(text: str) -> str:
+    """``text`` with every control or separator character but the space escaped."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 @dataclasses.dataclass
 class Diagnostic:
     rule: Rule
@@ -109,8 +116,11 @@ class Diagnostic:
     scope: str | None = None  # the pass (or step) that reported it
 
     def __str__(self) -> str:
+        """One line whatever the message quotes: a file name, an ``--input`` or an op name
+        holding a newline or a terminal escape is shown escaped (``\\n``, ``\\x1b``)."""
         where = f" [{self.location}]" if str(self.location) else ""
-        return f"{self.level.value}: {self.rule.id} {self.rule.name}: {self.message}{where}"
+        return one_line(f"{self.level.value}: {self.rule.id} {self.rule.name}: "
+                        f"{self.message}{where}")
 
     def to_sarif(self) -> dict[str, Any]:
         result: dict[str, Any] = {

@@ -25,6 +25,8 @@ NAME_SCOPES = "pkg.torch.onnx.name_scopes"
 CLASS_HIERARCHY = "pkg.torch.onnx.class_hierarchy"
 STACK_TRACE = "pkg.torch.onnx.stack_trace"
 NAMESPACE = "namespace"
+# On every part model of a parts directory (and its manifest): which save it belongs to.
+PARTS_SET_ID = "onnx_modular.parts_set_id"
 # On a region's call node in a single-file split model.
 REGION_KIND = "onnx_modular.region_kind"
 

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 import onnx
+from google.protobuf.descriptor import FieldDescriptor
+from onnx.external_data_helper import load_external_data_for_model
 
 from onnx_modular.diagnostics import OnnxModularError
 from onnx_modular.errors import fail, rules
@@ -60,18 +62,26 @@ def first_line(exc: BaseException) -> str:
 
 @dataclasses.dataclass
 class LoadedModel:
-    """A model and where it came from; ``path`` lets ORT find external data beside it."""
+    """A model and where it came from; ``path`` lets ORT find external data beside it.
+
+    ``external_files`` are the data files the file on disk names, noted before
+    ``onnx.load`` pulls their bytes in (and forgets where they came from): a session made
+    from bytes derived from this model must be told the model's folder, or ONNX Runtime
+    looks in the current directory, where another export's data file of the same name
+    would be read instead.
+    """
 
     proto: onnx.ModelProto
     label: str
     path: Path | None = None
     _bytes: bytes | None = dataclasses.field(default=None, repr=False)
+    external_files: frozenset[str] = frozenset()
 
     @property
     def size_bytes(self) -> int:
         if self.path is not None:
             total = self.path.stat().st_size
-            for name in _external_files(self.proto):
+            for name in self.external_files:
                 ext = self.path.parent / name
                 if ext.is_file():
                     total += ext.stat().st_size
@@ -80,7 +90,7 @@ class LoadedModel:
 
     @property
     def has_external_data(self) -> bool:
-        return bool(_external_files(self.proto))
+        return bool(self.external_files)
 
     def model_bytes(self) -> bytes:
         """The serialized model (the file's own bytes for a path), made once."""
@@ -99,6 +109,43 @@ class LoadedModel:
             return {"session.model_external_initializers_file_folder_path":
                     str(self.path.parent.resolve())}
         return {}
+
+
+_STRING, _MESSAGE = FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_MESSAGE
+_TEXT_FIELDS: dict[str, tuple[list[str], list[str]]] = {}
+
+
+def non_text_field(message: Any) -> str | None:
+    """The name of the first string field of ``message`` (nested ones too) that holds bytes
+    that are not UTF-8, or None.
+
+    protobuf hands such a field to Python as ``bytes`` instead of ``str`` (ONNX's schema is
+    proto2, which does not check), and every name the package reads would then break in
+    its own way: a corrupt file must fail once, at loading. Only string and message fields
+    are read, never tensor data.
+    """
+    todo = [message]
+    while todo:
+        msg = todo.pop()
+        key = msg.DESCRIPTOR.full_name
+        if key not in _TEXT_FIELDS:
+            fields = msg.DESCRIPTOR.fields
+            _TEXT_FIELDS[key] = ([f.name for f in fields if f.type == _STRING],
+                                 [f.name for f in fields if f.type == _MESSAGE])
+        strings, messages = _TEXT_FIELDS[key]
+        for name in strings:
+            value = getattr(msg, name)
+            for item in ([value] if isinstance(value, (str, bytes)) else value):
+                if not isinstance(item, str):
+                    return f"{msg.DESCRIPTOR.name}.{name}"
+        for name in messages:
+            value = getattr(msg, name)
+            if hasattr(value, "ListFields"):  # a singular message
+                if value.ListFields():
+                    todo.append(value)
+            else:
+                todo.extend(value)
+    return None
 
 
 def _external_files(proto: onnx.ModelProto) -> set[str]:
@@ -120,10 +167,10 @@ def load_model(onnx_model: Any, what: str = "ONNX model") -> LoadedModel:
     if isinstance(onnx_model, LoadedModel):
         return onnx_model
     if isinstance(onnx_model, onnx.ModelProto):
-        return LoadedModel(onnx_model, "<ModelProto>")
+        return _in_memory(onnx_model, "<ModelProto>", what)
     proto = getattr(onnx_model, "model_proto", None)
     if isinstance(proto, onnx.ModelProto):
-        return LoadedModel(proto, f"<{type(onnx_model).__name__}>")
+        return _in_memory(proto, f"<{type(onnx_model).__name__}>", what)
     if isinstance(onnx_model, (str, os.PathLike)):
         path = Path(onnx_model)
         if path.is_dir():
@@ -131,15 +178,34 @@ def load_model(onnx_model: Any, what: str = "ONNX model") -> LoadedModel:
         if not path.is_file():
             raise fail(f"cannot read {what} '{path}': no such file")
         try:
-            proto = onnx.load(str(path))
+            proto = onnx.load(str(path), load_external_data=False)
+            external = frozenset(_external_files(proto))
+            if external:  # from the model's folder, whatever the current directory
+                load_external_data_for_model(proto, str(path.parent))
         except Exception as exc:  # DecodeError, missing external data, ...
             raise fail(f"cannot read {what} '{path}': not a valid ONNX file "
                        f"({first_line(exc)})") from exc
         if not proto.graph.node and not proto.graph.output:
             raise fail(f"cannot read {what} '{path}': the file holds no ONNX graph")
-        return LoadedModel(proto, str(path), path)
+        field = non_text_field(proto)
+        if field is not None:
+            raise fail(f"cannot read {what} '{path}': not a valid ONNX file (a {field} "
+                       "holds bytes that are not UTF-8 text)")
+        return LoadedModel(proto, str(path), path, external_files=external)
     raise fail(f"{what} must be a path, an onnx.ModelProto or an export result with "
                f".model_proto, got {type(onnx_model).__name__}")
+
+
+def _in_memory(proto: onnx.ModelProto, label: str, what: str) -> LoadedModel:
+    """A model without a file: its weights must be in it. External data named by a proto
+    has no folder to be read from; ONNX Runtime would take the file of that name in the
+    current directory, which may hold another model's weights."""
+    external = _external_files(proto)
+    if external:
+        raise fail(f"{what} {label} refers to external data ({', '.join(sorted(external))}) "
+                   "but has no file to find it beside; pass the model's path, or load it "
+                   "with onnx.load(path) (which reads the data in)")
+    return LoadedModel(proto, label)
 
 
 # ---- providers and sessions ----------------------------------------------------------------

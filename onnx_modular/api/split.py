@@ -35,7 +35,13 @@ from onnx_modular.lower.translate import Translation, check_opset, translate
 from onnx_modular.parts.manifest import build_manifest, save_parts
 from onnx_modular.parts.triton import TritonRepository, save_triton
 from onnx_modular.passes.infra import PassManager
-from onnx_modular.passes.split import Region, SplitPass, SplitPassResult, SplitPlan
+from onnx_modular.passes.split import (
+    Region,
+    SplitPass,
+    SplitPassResult,
+    SplitPlan,
+    check_limits,
+)
 from onnx_modular.support.matching import forbidden_onnx_ops
 from onnx_modular.support.onnx_index import SupportContext, fx_to_onnx_nodes
 from onnx_modular.support.operator_support import (
@@ -209,6 +215,7 @@ def split(model: Any, args: Sequence[Any] = (), *, support: Any, min_acc_module_
     ``hierarchical``: module calls lying wholly in a region become functions of its model.
     """
     ctx = ctx or DiagnosticContext()
+    check_limits(min_acc_module_size, max_acc_splits)
     op_support = resolve_support(support)
     program = capture(model, args, kwargs, ctx=ctx)
     translation = translate_for_parts(program, opset, ctx)

@@ -22,7 +22,7 @@ from onnx_modular import runtime
 from onnx_modular.check.compare_report import CompareReport, ModelFacts, OutputDiff
 from onnx_modular.check.inputs import feeds as bind_feeds
 from onnx_modular.check.inputs import input_signature, random_inputs
-from onnx_modular.check.numerics import check_value
+from onnx_modular.check.numerics import check_tolerances, check_value
 from onnx_modular.diagnostics import OnnxModularError
 from onnx_modular.emit.canonical import structural_key
 from onnx_modular.errors import fail
@@ -73,13 +73,17 @@ def _facts(loaded: runtime.LoadedModel) -> ModelFacts:
 
 # ---- compare ---------------------------------------------------------------------------------
 
-def compare(a: Any, b: Any, inputs: Any = None, *, provider: str = "cpu",
-            rtol: float | None = None, atol: float | None = None) -> CompareReport:
+def compare(a: Any, b: Any, inputs: Any = None, *, kwargs: dict[str, Any] | None = None,
+            provider: str = "cpu", rtol: float | None = None,
+            atol: float | None = None) -> CompareReport:
     """Compare ONNX models ``a`` and ``b`` (paths, ModelProtos or export results).
 
     ``inputs``: None (random, from ``a``'s declared inputs), a sequence in input order, or a
-    mapping by input name; numpy arrays or torch tensors. Model a is the reference.
+    mapping by input name; numpy arrays or torch tensors. ``kwargs``: keyword inputs, as a
+    torch model took them (by input name, else in order after ``inputs``). Model a is the
+    reference.
     """
+    check_tolerances(rtol, atol)
     la, lb = runtime.load_model(a, "model a"), runtime.load_model(b, "model b")
     (chosen,) = runtime.resolve_providers([provider])
     fa, fb = _facts(la), _facts(lb)
@@ -93,7 +97,7 @@ def compare(a: Any, b: Any, inputs: Any = None, *, provider: str = "cpu",
         reasons.append(f"output counts differ: {len(outs_a)} vs {len(outs_b)}")
     diffs: list[OutputDiff] = []
     if not reasons:
-        given = bind_feeds(la.proto, inputs, lb.proto)
+        given = bind_feeds(la.proto, inputs, lb.proto, kwargs)
         values = []
         for which, loaded, facts in (("a", la, fa), ("b", lb, fb)):
             session, facts.session_s = runtime.make_session(loaded.session_source(), chosen)

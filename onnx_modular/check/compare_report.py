@@ -117,18 +117,19 @@ class CompareReport(Report):
         from rich.table import Table
         from rich.text import Text
 
+        # names come from the user and the files: plain Text, never read as markup
         facts = Table(title="Structure and cost", title_justify="left")
         facts.add_column("")
-        facts.add_column(f"a: {self.a.label}", justify="right")
-        facts.add_column(f"b: {self.b.label}", justify="right")
+        facts.add_column(Text(f"a: {self.a.label}"), justify="right")
+        facts.add_column(Text(f"b: {self.b.label}"), justify="right")
         for row in self._fact_rows():
-            facts.add_row(*row)
+            facts.add_row(*map(Text, row))
         outs = Table(title=f"Outputs on {short_provider(self.provider)}",
                      title_justify="left")
         for h in self._OUT_HEAD:
             outs.add_column(h)
         for row in self._output_rows():
-            outs.add_row(*row)
+            outs.add_row(*map(Text, row))
         return Group(facts, outs, Text(self.summary(),
                                        style="green" if self.equivalent else "bold red"))
 

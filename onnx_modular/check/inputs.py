@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import math
 import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -20,6 +21,7 @@ import torch
 
 from onnx_modular import runtime
 from onnx_modular._compat import tree_leaves
+from onnx_modular._util import check_allocation
 from onnx_modular.check.numerics import dtype_name, onnx_elem_name
 from onnx_modular.errors import fail
 
@@ -119,27 +121,55 @@ def bind_inputs(proto: onnx.ModelProto, given: list[Leaf],
 # ---- given or random inputs for ONNX models ------------------------------------------------------
 
 def feeds(model: onnx.ModelProto, inputs: Any,
-          other: onnx.ModelProto | None = None) -> dict[str, np.ndarray]:
+          other: onnx.ModelProto | None = None,
+          kwargs: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
     """Feeds for ``model``'s declared inputs: ``inputs`` (a sequence in input order or a
-    mapping by name; numpy arrays or torch tensors), or random ones fitting ``other`` too
-    when ``inputs`` is None."""
+    mapping by name; numpy arrays or torch tensors) and ``kwargs`` (keyword inputs: by name
+    where an input has that name, else in order after the positional ones), or random ones
+    fitting ``other`` too when neither is given."""
     names = [i.name for i in declared_inputs(model)]
-    if inputs is None:
+    if inputs is None and not kwargs:
         return random_inputs(model, other=other)
     if isinstance(inputs, Mapping):
-        missing = [n for n in names if n not in inputs]
-        if missing:
-            raise fail(f"inputs lack {', '.join(missing)} (the models take {', '.join(names)})")
-        return {n: runtime.to_feed(inputs[n]) for n in names}
+        if kwargs:
+            inputs, kwargs = (), {**inputs, **kwargs}
+        else:  # by name, every one of them
+            missing = [n for n in names if n not in inputs]
+            if missing:
+                raise fail(f"inputs lack {', '.join(missing)} (the models take "
+                           f"{', '.join(names)})")
+            return {n: runtime.to_feed(inputs[n]) for n in names}
+    if inputs is None:
+        inputs = ()
     if not isinstance(inputs, Sequence) or isinstance(inputs, (str, bytes)):
         inputs = (inputs,)
-    if len(inputs) != len(names):
-        raise fail(f"the models take {len(names)} input(s) ({', '.join(names)}) but "
-                   f"{len(inputs)} were given")
-    return {n: runtime.to_feed(v) for n, v in zip(names, inputs, strict=True)}
+    positional = _arrays(inputs) if kwargs else list(inputs)
+    named = {k: v for k, v in (kwargs or {}).items() if k in names}
+    rest = _arrays([v for k, v in (kwargs or {}).items() if k not in named])
+    free = [n for n in names if n not in named]
+    values = positional + rest
+    if len(values) != len(free):
+        given = f"{len(values) + len(named)} were given"
+        raise fail(f"the models take {len(names)} input(s) ({', '.join(names)}) but {given}")
+    bound = {**dict(zip(free, values, strict=True)), **named}
+    return {n: runtime.to_feed(bound[n]) for n in names}
 
 
-def _dim_value(dim: onnx.TensorShapeProto.Dimension, symbols: dict[str, int]) -> int:
+def _arrays(values: Sequence[Any]) -> list[Any]:
+    """The tensors and arrays of a pytree of inputs, in order (None and constants left out,
+    as torch.export leaves them out of the graph's inputs)."""
+    return [v for v in tree_leaves(list(values))
+            if isinstance(v, (torch.Tensor, np.ndarray, np.generic))]
+
+
+#: Symbolic sizes longer than this are not evaluated (torch writes ``s0 + 1``, ``2*s1``).
+MAX_DIM_EXPRESSION = 200
+#: No evaluated size (or step of one) may exceed this; sizes are checked against memory too.
+MAX_DIM_VALUE = 2**40
+
+
+def _dim_value(dim: onnx.TensorShapeProto.Dimension, symbols: dict[str, int],
+               where: str) -> int:
     if dim.HasField("dim_value"):
         return dim.dim_value
     text = dim.dim_param if dim.HasField("dim_param") else ""
@@ -147,10 +177,17 @@ def _dim_value(dim: onnx.TensorShapeProto.Dimension, symbols: dict[str, int]) ->
         return DEFAULT_DIM
     if text.isidentifier():
         return symbols.setdefault(text, DEFAULT_DIM)
+    if len(text) > MAX_DIM_EXPRESSION:
+        return DEFAULT_DIM  # no exporter writes such a size; any value fits a symbol
     try:  # torch writes expressions such as "s0 + 1" or "2*s1"
         return max(1, int(_eval_dim(ast.parse(text, mode="eval").body, symbols)))
-    except (SyntaxError, ValueError, TypeError, ZeroDivisionError):
+    except (SyntaxError, ValueError, TypeError, ZeroDivisionError, RecursionError,
+            MemoryError):
         return DEFAULT_DIM
+    except OverflowError as e:
+        raise fail(f"{where} has the symbolic size '{text[:60]}', which evaluates beyond "
+                   f"{MAX_DIM_VALUE:,} with every symbol at {DEFAULT_DIM}; give inputs "
+                   "explicitly") from e
 
 
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
@@ -158,14 +195,21 @@ _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
 
 
 def _eval_dim(node: ast.AST, symbols: dict[str, int]) -> int:
-    if isinstance(node, ast.Constant) and isinstance(node.value, int):
-        return node.value
-    if isinstance(node, ast.Name):
-        return symbols.setdefault(node.id, DEFAULT_DIM)
-    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
-        return _BINOPS[type(node.op)](_eval_dim(node.left, symbols),
-                                      _eval_dim(node.right, symbols))
-    raise ValueError(ast.dump(node))
+    if isinstance(node, ast.Constant) and isinstance(node.value, int) \
+            and not isinstance(node.value, bool):
+        value = node.value
+    elif isinstance(node, ast.Name):
+        value = symbols.setdefault(node.id, DEFAULT_DIM)
+    elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        value = -_eval_dim(node.operand, symbols)
+    elif isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        value = _BINOPS[type(node.op)](_eval_dim(node.left, symbols),
+                                       _eval_dim(node.right, symbols))
+    else:
+        raise ValueError(ast.dump(node)[:80])
+    if abs(value) > MAX_DIM_VALUE:
+        raise OverflowError(value)
+    return value
 
 
 def random_inputs(model: onnx.ModelProto, seed: int = 0,
@@ -179,23 +223,33 @@ def random_inputs(model: onnx.ModelProto, seed: int = 0,
     rng = np.random.default_rng(seed)
     twins = declared_inputs(other) if other is not None else []
     symbols: dict[str, int] = {}
-    made = {}
+    shapes: list[tuple[str, list[int], Any]] = []
     for k, info in enumerate(declared_inputs(model)):
+        where = f"input '{info.name}'"
         if not info.type.HasField("tensor_type"):
-            raise fail(f"input '{info.name}' is not a tensor; give inputs explicitly")
+            raise fail(f"{where} is not a tensor; give inputs explicitly")
         ttype = info.type.tensor_type
+        try:
+            np_type = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(ttype.elem_type))
+        except Exception as e:  # UNDEFINED or a number no ONNX type has
+            raise fail(f"{where} has element type {ttype.elem_type}, of which random "
+                       "inputs cannot be made; give inputs explicitly") from e
         twin = list(twins[k].type.tensor_type.shape.dim) if k < len(twins) else []
         shape = []
         for d, dim in enumerate(ttype.shape.dim):
             if not dim.HasField("dim_value") and d < len(twin) and twin[d].HasField("dim_value"):
                 dim = twin[d]
-            shape.append(_dim_value(dim, symbols))
-        np_type = onnx.helper.tensor_dtype_to_np_dtype(ttype.elem_type)
-        if np.issubdtype(np_type, np.floating) or onnx_elem_name(ttype.elem_type) in (
-                "bfloat16",) or "float8" in str(np_type):
-            made[info.name] = rng.standard_normal(shape).astype(np_type)
+            shape.append(_dim_value(dim, symbols, f"{where} dimension {d}"))
+        check_allocation(shape, np_type.itemsize, f"random {where}")
+        shapes.append((info.name, shape, np_type))
+    check_allocation([sum(math.prod(s) * t.itemsize for _, s, t in shapes)], 1,
+                     "the random inputs together")
+    made = {}
+    for name, shape, np_type in shapes:
+        if np.issubdtype(np_type, np.floating) or "float" in np_type.name:
+            made[name] = rng.standard_normal(shape).astype(np_type)
         elif np_type == np.bool_:
-            made[info.name] = rng.integers(0, 2, shape).astype(np.bool_)
+            made[name] = rng.integers(0, 2, shape).astype(np.bool_)
         else:
-            made[info.name] = rng.integers(0, 2, shape).astype(np_type)
+            made[name] = rng.integers(0, 2, shape).astype(np_type)
     return made

@@ -8,7 +8,9 @@ import os
 from pathlib import Path
 
 import onnx
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 from rich.tree import Tree
 
 from onnx_modular import runtime
@@ -31,6 +33,10 @@ def load_onnx(path: str | os.PathLike[str], load_external_data: bool = True) -> 
     if not model.graph.node and not model.graph.output and not model.functions:
         # protobuf parses an empty (or all-zero-field) file as an empty model
         raise fail(f"'{path}' holds no ONNX graph (an empty or truncated file?)")
+    field = runtime.non_text_field(model)
+    if field is not None:
+        raise fail(f"'{file}' is not a readable ONNX model: a {field} holds bytes that are "
+                   "not UTF-8 text")
     return model
 
 
@@ -67,13 +73,14 @@ def call_tree(model: onnx.ModelProto, max_children: int = 64) -> Tree:
     (48 decoder layers) is one line: ``h.1 ... h.47: GPT2Block x47``.
     """
     functions = {(f.domain, f.name): f for f in model.functions}
-    root = Tree(f"[bold]{model.graph.name or 'main graph'}[/bold]  "
+    # every name below is the file's: escaped, so that "[/x]" is text, not markup
+    root = Tree(f"[bold]{escape(model.graph.name or 'main graph')}[/bold]  "
                 f"[dim]{len(model.graph.node)} nodes[/dim]")
     expanded: set[tuple[str, str]] = set()
 
     def label(node: onnx.NodeProto) -> str:
         meta = {p.key: p.value for p in node.metadata_props}
-        return meta.get(META_PATH, node.name)
+        return escape(meta.get(META_PATH, node.name))
 
     def add(parent: Tree, nodes: list[onnx.NodeProto], depth: int) -> None:
         calls = [(node, functions[(node.domain, node.op_type)]) for node in nodes
@@ -89,8 +96,8 @@ def call_tree(model: onnx.ModelProto, max_children: int = 64) -> Tree:
             size = f"{len(body.node)} nodes"
             if key not in expanded:
                 expanded.add(key)
-                branch = parent.add(f"[cyan]{label(node)}[/cyan]: {body.name} "
-                                    f"[dim]({body.domain}, {size})[/dim]")
+                branch = parent.add(f"[cyan]{label(node)}[/cyan]: {escape(body.name)} "
+                                    f"[dim]({escape(body.domain)}, {size})[/dim]")
                 if depth < 32:
                     add(branch, list(body.node), depth + 1)
                 i += 1
@@ -101,7 +108,7 @@ def call_tree(model: onnx.ModelProto, max_children: int = 64) -> Tree:
             paths = (f"{label(node)} ... {label(calls[i + run - 1][0])}" if run > 1
                      else label(node))
             times = f" x{run}" if run > 1 else ""
-            parent.add(f"[cyan]{paths}[/cyan]: {body.name}{times} "
+            parent.add(f"[cyan]{paths}[/cyan]: {escape(body.name)}{times} "
                        f"[dim]({size}, body shown above)[/dim]")
             i += run
 
@@ -118,7 +125,7 @@ def function_table(model: onnx.ModelProto) -> Table:
         table.add_column(column, justify="right" if column in ("nodes", "call sites")
                          else "left")
     for s in sorted(stats, key=lambda s: (-s.calls, s.name)):
-        table.add_row(s.name, s.domain, str(s.nodes), str(s.calls),
+        table.add_row(Text(s.name), Text(s.domain), str(s.nodes), str(s.calls),
                       *([s.differs_from] * explained))
     return table
 

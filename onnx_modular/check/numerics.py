@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import onnx
 
+from onnx_modular.errors import fail
+
 #: (rtol, atol) by ONNX element type name; integers and bool compare exactly.
 DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
     "float64": (1e-7, 1e-7),
@@ -45,6 +47,22 @@ def onnx_elem_name(elem_type: int) -> str:
     except Exception:  # a type numpy cannot hold: its ONNX name
         return onnx.TensorProto.DataType.Name(elem_type).lower()
     return "bool" if np_type == np.bool_ else str(np.dtype(np_type))
+
+
+def check_tolerances(rtol: Any, atol: Any) -> None:
+    """User tolerances are None or finite numbers >= 0.
+
+    A NaN tolerance makes every ``err > limit`` false, so any output would pass; a negative
+    or infinite one is a typo that turns the check into "always fails" or "always passes".
+    """
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.floating,
+                                                             np.integer)):
+            raise fail(f"{name} must be a number, got {type(value).__name__} {value!r:.40}")
+        if not math.isfinite(value) or value < 0:
+            raise fail(f"{name} must be a finite number >= 0, got {value}")
 
 
 def tolerances_for(dtype_name: str, rtol: float | None, atol: float | None) -> tuple[float, float]:

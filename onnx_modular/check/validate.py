@@ -23,7 +23,7 @@ from onnx_modular._compat import tree_leaves
 from onnx_modular._util import gc_paused
 from onnx_modular.check.inputs import as_args, bind_inputs, leaves
 from onnx_modular.check.localize import Localization, TorchCall, build_probe, judge, record_calls
-from onnx_modular.check.numerics import check_value
+from onnx_modular.check.numerics import check_tolerances, check_value
 from onnx_modular.check.validation_report import OutputCheck, ProviderResult, ValidationReport
 from onnx_modular.diagnostics import OnnxModularError
 from onnx_modular.errors import fail, rules
@@ -49,6 +49,7 @@ def validate(
     "cuda") work. ``rtol``/``atol`` override the per-dtype defaults for floating outputs.
     ``localize``: "auto" localizes only when an output diverges; True always; False never.
     """
+    check_tolerances(rtol, atol)
     args = as_args(args)
     kwargs = dict(kwargs or {})
     loaded = runtime.load_model(onnx_model)
@@ -82,6 +83,11 @@ def _validate(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
     torch_s = time.perf_counter() - start
 
     output_names = [o.name for o in loaded.proto.graph.output]
+    if expected and all(t.numel() == 0 for t in expected):
+        raise fail(f"every output of the torch model is empty (shapes "
+                   f"{', '.join(str(list(t.shape)) for t in expected)}) on these inputs: "
+                   "there is nothing to compare; validate with inputs of non-zero size",
+                   rules.VALIDATION)
     if len(expected) != len(output_names):
         raise fail(f"torch returns {len(expected)} tensor(s) but ONNX model {loaded.label} "
                    f"has {len(output_names)} output(s); they cannot be paired",

@@ -153,7 +153,9 @@ class ValidationReport(Report):
                              no_wrap=h in ("EP", "status", "rtol/atol"))
         for row in rows:
             style = "green" if row[7] == "ok" else "bold red"
-            table.add_row(*row[:7], Text(row[7], style=style), *row[8:8 + show_note])
+            # output names and module paths come from the model: plain Text, not markup
+            table.add_row(*map(Text, row[:7]), Text(row[7], style=style),
+                          *map(Text, row[8:8 + show_note]))
         parts: list[Any] = [table]
         if self.localization is not None and self.localization.divergences:
             loc = Table(title=f"Diverging module calls on {self.localization_provider} "
@@ -163,7 +165,7 @@ class ValidationReport(Report):
             first = self.localization.divergences.index(self.localization.first) \
                 if self.localization.first is not None else -1
             for i, row in enumerate(self._loc_rows()):
-                loc.add_row(*row, style="bold" if i == first else None)
+                loc.add_row(*map(Text, row), style="bold" if i == first else None)
             parts.append(loc)
         if self.skipped:
             parts.append(Text(self._skipped_line(), style="yellow"))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
+import math
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -19,10 +19,11 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from onnx_modular import _io
 from onnx_modular.check.compare import CompareReport
 from onnx_modular.check.validate import ValidationReport
 from onnx_modular.cli.loading import load_model, resolve_inputs
-from onnx_modular.diagnostics import Diagnostic, Level
+from onnx_modular.diagnostics import Diagnostic, Level, one_line
 from onnx_modular.errors import fail, rules
 from onnx_modular.runtime import resolve_providers
 
@@ -43,7 +44,8 @@ class Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line and exit code 2, like every other user error."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        err.print(f"[bold red]error:[/bold red] {self.prog}: {escape(message)}", highlight=False)
+        err.print(f"[bold red]error:[/bold red] {self.prog}: {escape(one_line(message))}",
+                  highlight=False)
         raise SystemExit(EXIT_USAGE)
 
 
@@ -97,6 +99,23 @@ def add_report(parser: argparse.ArgumentParser, prefix: str = "") -> None:
     parser.add_argument("--report", help=f"{prefix}write the report (.json, .md or .html)")
 
 
+def tolerance(text: str) -> float:
+    """``--rtol``/``--atol``: a finite number >= 0 (``nan`` would let every output pass)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got '{text}'")
+    return value
+
+
+def add_tolerances(parser: argparse.ArgumentParser) -> None:
+    """``--rtol``/``--atol``, checked when parsed."""
+    parser.add_argument("--rtol", type=tolerance, help="relative tolerance (default: by dtype)")
+    parser.add_argument("--atol", type=tolerance, help="absolute tolerance (default: by dtype)")
+
+
 def add_output(parser: argparse.ArgumentParser, help: str) -> None:
     """``-o/--output``, required: a run that writes nothing is not what the user asked for."""
     parser.add_argument("-o", "--output", required=True, help=help)
@@ -108,14 +127,9 @@ _REPORT_SUFFIXES = (".json", ".md", ".markdown", ".html", ".htm")
 
 
 def check_writable(path: str) -> None:
-    """Fail before the long work, not after it."""
-    directory = Path(path).parent
-    if not directory.is_dir():
-        raise fail(f"cannot write '{path}': directory '{directory}' does not exist",
-                   rules.BAD_INPUT)
-    if not os.access(directory, os.W_OK):
-        raise fail(f"cannot write '{path}': directory '{directory}' is not writable",
-                   rules.BAD_INPUT)
+    """Fail before the long work, not after it: an empty name, a directory, a missing or
+    read-only folder are the same one line the save would give."""
+    _io.check_writable(path)
 
 
 def check_report(path: str) -> None:
@@ -144,6 +158,7 @@ def step(message: str) -> Iterator[None]:
     errors and warnings, so a user error there is exactly one line.
     """
     start = time.perf_counter()
+    message = escape(message)  # it names the user's model and files: not markup
     with err.status(f"{message} ..."):
         yield
     if err.is_terminal:

@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
     """Compare on the given inputs (or random ones) and print the report."""
     if args.report:
         common.check_report(args.report)
-    inputs = load_inputs(args.inputs)[0] if args.inputs else None
+    inputs, kwargs = load_inputs(args.inputs) if args.inputs else (None, {})
     with common.step("Comparing"):
-        rep = compare(args.a, args.b, inputs)
+        rep = compare(args.a, args.b, inputs, kwargs=kwargs)
     return common.finish(rep, rep.equivalent, args.report)

@@ -12,13 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from rich.table import Table
+from rich.text import Text
 
 from onnx_modular.api.export import ExportResult, export
 from onnx_modular.check.inspect import summary
 from onnx_modular.check.validate import validate
 from onnx_modular.cli import common
-from onnx_modular.diagnostics import write_sarif
+from onnx_modular.diagnostics import DiagnosticContext, OnnxModularError, write_sarif
 from onnx_modular.errors import fail, rules
+from onnx_modular.lower.translate import check_opset
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -50,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     if args.report:
         common.check_report(args.report)
     providers = common.providers(args.providers)
+    check_opset(args.opset, flat=_functions(args) == "none", ctx=DiagnosticContext())
     model, inputs, kwargs = common.load_model_and_inputs(args)
     start = time.perf_counter()
     with common.step("Exporting (capture, translate, outline, optimize)"):
@@ -60,7 +63,11 @@ def run(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - start
     common.print_warnings(result.diagnostics)
     if args.sarif:
-        write_sarif(list(result.diagnostics), args.sarif)
+        try:
+            write_sarif(list(result.diagnostics), args.sarif)
+        except OnnxModularError as e:  # the model is in place: say so, not "nothing"
+            raise fail(f"{e.diagnostic.message}; the model {args.output} was written, "
+                       "only the SARIF log is missing", rules.BAD_INPUT) from e
     common.out.print(_summary_table(result, args.output, elapsed))
     if not args.validate:
         return common.EXIT_OK
@@ -81,7 +88,7 @@ def _functions(args: argparse.Namespace) -> str | list[str]:
 def _summary_table(result: ExportResult, output: str, elapsed: float) -> Table:
     """What was written, in the numbers a user checks first (functions vs call sites)."""
     facts = summary(result.model_proto)
-    table = Table(title=f"Exported {output}", show_header=False)
+    table = Table(title=Text(f"Exported {output}"), show_header=False)
     for key, value in [
         ("functions", facts["functions"]), ("call sites", facts["calls"]),
         ("main graph nodes", facts["main_graph_nodes"]),

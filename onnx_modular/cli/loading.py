@@ -4,6 +4,10 @@ A spec is ``package.module:attr`` or ``path/to/file.py:attr``. MODEL yields an `
 (or a zero-argument callable returning one); INPUTS yields a tuple of tensors, one tensor,
 or ``(args, kwargs)``. ``--input 1x8:int64`` builds random inputs instead.
 
+Resolving a spec imports the user's Python and runs it (module-level code, a factory): only
+MODEL and INPUTS specs are resolved, and only with the directory the spec names (the current
+one for ``pkg.mod:attr``) on ``sys.path`` for that import.
+
 Every failure is a one-line ``fail(..., rules.BAD_INPUT)`` that keeps the user's exception
 as its cause, so ``--debug`` shows the user's own frames.
 """
@@ -15,12 +19,15 @@ import importlib
 import importlib.util
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from onnx_modular._util import check_allocation
 from onnx_modular.errors import fail, rules
+from onnx_modular.runtime import first_line as runtime_line
 
 
 def load_object(spec: str) -> Any:
@@ -33,7 +40,8 @@ def load_object(spec: str) -> Any:
         module = _import_file(where)
     else:
         try:
-            module = importlib.import_module(where)
+            with _on_path(os.getcwd()):
+                module = importlib.import_module(where)
         except Exception as e:  # an import can fail in any way; say which module and why
             raise fail(f"cannot import module '{where}': {type(e).__name__}: {e}",
                        rules.BAD_INPUT) from e
@@ -68,18 +76,31 @@ def _import_file(path: str) -> Any:
     module = importlib.util.module_from_spec(spec)
     module.__onnx_modular_stamp__ = stamp  # type: ignore[attr-defined]
     sys.modules[name] = module
-    entry = str(resolved.parent)
-    sys.path.insert(0, entry)
     try:
-        spec.loader.exec_module(module)
+        with _on_path(str(resolved.parent)):
+            spec.loader.exec_module(module)
     except Exception as e:
         sys.modules.pop(name, None)
         raise fail(f"cannot import '{path}': {type(e).__name__}: {e}", rules.BAD_INPUT) from e
+    return module
+
+
+@contextlib.contextmanager
+def _on_path(entry: str) -> Iterator[None]:
+    """``entry`` first on ``sys.path`` while a user's spec is imported, and only then.
+
+    The package's own imports never search the current directory (see
+    :mod:`onnx_modular._safepath`); a spec ``pkg.mod:attr`` is looked up there first, under
+    ``python -m onnx_modular`` and the ``onnx-modular`` script alike, and a file's folder
+    is searched for the modules the file imports.
+    """
+    sys.path.insert(0, entry)
+    try:
+        yield
     finally:
-        # remove our entry, not whatever is first now: the file may have edited sys.path
+        # remove our entry, not whatever is first now: the user's code may edit sys.path
         with contextlib.suppress(ValueError):
             sys.path.remove(entry)
-    return module
 
 
 def load_model(spec: str) -> torch.nn.Module:
@@ -147,12 +168,20 @@ def random_input(spec: str, seed: int = 0) -> torch.Tensor:
     if any(d < 0 for d in shape):
         raise fail(f"bad shape '{shape_text}' in --input '{spec}': dimensions must be >= 0",
                    rules.BAD_INPUT)
+    if 0 in shape:
+        raise fail(f"bad shape '{shape_text}' in --input '{spec}': a size-0 dimension makes "
+                   "an empty input (torch.export fixes it at 0, so the model would take only "
+                   "empty tensors); use sizes >= 1", rules.BAD_INPUT)
+    check_allocation(shape, torch.empty((), dtype=dtype).element_size(), f"--input '{spec}'")
     generator = torch.Generator().manual_seed(seed)
-    if dtype == torch.bool:
-        return torch.randint(0, 2, shape, generator=generator).bool()
-    if dtype.is_floating_point:
-        return torch.randn(shape, generator=generator).to(dtype)
-    return torch.randint(0, 100, shape, generator=generator, dtype=dtype)
+    try:
+        if dtype == torch.bool:
+            return torch.randint(0, 2, shape, generator=generator).bool()
+        if dtype.is_floating_point:
+            return torch.randn(shape, generator=generator).to(dtype)
+        return torch.randint(0, 100, shape, generator=generator, dtype=dtype)
+    except (RuntimeError, MemoryError) as e:  # the allocation failed
+        raise fail(f"cannot make --input '{spec}': {runtime_line(e)}", rules.BAD_INPUT) from e
 
 
 def resolve_inputs(inputs: str | None, random_specs: list[str] | None,

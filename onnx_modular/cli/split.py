@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from rich.markup import escape
 
 from onnx_modular._util import parse_bytes
 from onnx_modular.api.split import SplitResult, split
@@ -13,7 +16,12 @@ from onnx_modular.api.stages import plan_stages, split_stages
 from onnx_modular.cli import common
 from onnx_modular.errors import fail, rules
 from onnx_modular.lower.capture import capture
-from onnx_modular.support.operator_support import OperatorSupport, load_support_file
+from onnx_modular.parts.manifest import check_parts_directory
+from onnx_modular.support.operator_support import (
+    OperatorSupport,
+    load_support_file,
+    resolve_support,
+)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -35,20 +43,44 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="pipeline stages of at most SIZE weight bytes each (2GB, 512MiB)")
     p.add_argument("--triton", metavar="DIR",
                    help="also write a Triton model repository (a model per part + ensemble)")
-    p.add_argument("--min-acc-size", type=int, default=1)
-    p.add_argument("--max-acc-splits", type=int, default=-1)
+    p.add_argument("--min-acc-size", type=_count(0), default=1, metavar="N",
+                   help="acc regions of fewer nodes go to the CPU (default 1)")
+    p.add_argument("--max-acc-splits", type=_count(1, -1), default=-1, metavar="N",
+                   help="at most N regions, or -1 for no limit (default)")
     p.add_argument("--preview", action="store_true", help="print the support/region preview")
     common.add_output(p, "the directory to write")
     return p
 
 
+def _count(least: int, sentinel: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an int >= ``least`` (or ``sentinel``), so a negative value fails
+    when parsed instead of meaning "no limit" without a word."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
+        if value < least and value != sentinel:
+            also = f" (or {sentinel} for no limit)" if sentinel is not None else ""
+            raise argparse.ArgumentTypeError(f"must be >= {least}{also}, got {value}")
+        return value
+    return parse
+
+
 def run(args: argparse.Namespace) -> int:
-    """Split, optionally preview, write the parts and the manifest."""
+    """Split, optionally preview, write the parts and the manifest.
+
+    Every flag is checked before the model is loaded: the output directory, the op list,
+    the split points, the stage budget.
+    """
     num_stages, budget = _balanced_options(args)
+    check_parts_directory(args.output)
     if args.triton and Path(args.triton).exists() and not Path(args.triton).is_dir():
         raise fail(f"--triton: '{args.triton}' is a file, not a directory", rules.BAD_INPUT)
-    model, inputs, kwargs = common.load_model_and_inputs(args)
     balanced = num_stages is not None or budget is not None
+    support = None if balanced or args.split_points or args.markers else _support(args)
+    points = parse_split_points(args.split_points) if args.split_points else None
+    model, inputs, kwargs = common.load_model_and_inputs(args)
     if balanced:
         with common.step("Capturing and planning the stages"):
             program = capture(model, inputs, kwargs or None)
@@ -58,11 +90,10 @@ def run(args: argparse.Namespace) -> int:
         parts: SplitResult
         if balanced:
             parts = split_stages(program, num_stages=num_stages, max_stage_bytes=budget)
-        elif args.split_points or args.markers:
-            points = parse_split_points(args.split_points) if args.split_points else None
+        elif support is None:
             parts = split_stages(model, inputs, split_points=points, kwargs=kwargs or None)
         else:
-            parts = split(model, inputs, support=_support(args), kwargs=kwargs or None,
+            parts = split(model, inputs, support=support, kwargs=kwargs or None,
                           min_acc_module_size=args.min_acc_size,
                           max_acc_splits=args.max_acc_splits)
     if args.markers and len(parts.regions) < 2:
@@ -73,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
         parts.preview(console=common.out)
     with common.step(f"Writing {args.output}"):
         parts.save(args.output)
-    common.out.print(f"{len(parts.regions)} part(s) and manifest.json written to {args.output}")
+    common.out.print(f"{len(parts.regions)} part(s) and manifest.json written to "
+                     f"{escape(args.output)}")
     if args.triton:
         with common.step(f"Writing the Triton model repository {args.triton}"):
             repo = parts.save_triton(args.triton)
@@ -114,7 +146,8 @@ def _support(args: argparse.Namespace) -> OperatorSupport | str:
     """``--acc-ops FILE`` or ``--acc-ep NAME`` -> the ``support=`` argument of :func:`split`."""
     if args.acc_ops:
         return load_support_file(args.acc_ops)
-    return args.acc_ep if args.acc_ep.startswith("ort:") else f"ort:{args.acc_ep}"
+    return resolve_support(args.acc_ep if args.acc_ep.startswith("ort:")
+                           else f"ort:{args.acc_ep}")
 
 
 def parse_split_points(text: str) -> dict[str, str]:
@@ -127,5 +160,7 @@ def parse_split_points(text: str) -> dict[str, str]:
         if not path or where not in ("beginning", "end"):
             raise fail(f"bad split point '{item}': expected PATH:beginning or PATH:end",
                        rules.BAD_INPUT)
+        if path in points:
+            raise fail(f"split point '{path}' is given twice", rules.BAD_INPUT)
         points[path] = where
     return points

@@ -21,8 +21,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     common.add_model_inputs(p)
     p.add_argument("onnx", metavar="MODEL.onnx")
     common.add_providers(p)
-    p.add_argument("--rtol", type=float, help="relative tolerance (default: by dtype)")
-    p.add_argument("--atol", type=float, help="absolute tolerance (default: by dtype)")
+    common.add_tolerances(p)
     common.add_report(p)
     return p
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from onnx_modular._compat import quiet_libraries, tree_leaves
 from onnx_modular.diagnostics import DiagnosticContext, Location
 from onnx_modular.errors import rules
 
@@ -29,8 +30,9 @@ def capture(model: Any, args: Any = (), kwargs: dict[str, Any] | None = None,
     if not isinstance(args, tuple):
         args = tuple(args) if isinstance(args, list) else (args,)
     try:
-        program = torch.export.export(model, args, kwargs or {}, dynamic_shapes=dynamic_shapes,
-                                      strict=False)
+        with quiet_libraries():  # failures print graphs and log before our one line
+            program = torch.export.export(model, args, kwargs or {},
+                                          dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as e:
         lines = [line for line in str(e).strip().splitlines() if line.strip()]
         first = lines[0] if lines else ""
@@ -38,7 +40,20 @@ def capture(model: Any, args: Any = (), kwargs: dict[str, Any] | None = None,
             f"torch.export failed on {type(model).__name__}: {type(e).__name__}: {first}"
         )) from e
     check_outputs(program, type(model).__name__, ctx)
+    _warn_empty_inputs(args, kwargs, ctx)
     return program
+
+
+def _warn_empty_inputs(args: tuple[Any, ...], kwargs: dict[str, Any] | None,
+                       ctx: DiagnosticContext) -> None:
+    """torch.export fixes a size-0 dimension of an example input: the model would take only
+    empty tensors there. Legal, but rarely meant, so it is said."""
+    for k, t in enumerate(t for t in tree_leaves((args, kwargs or {}))
+                          if isinstance(t, torch.Tensor)):
+        if 0 in t.shape:
+            ctx.warn(rules.UNSUPPORTED_INPUT, Location(module_path=""), reason=(
+                f"example input #{k} has shape {list(t.shape)}: torch.export fixes its "
+                "size-0 dimension, so the exported model takes only empty tensors there"))
 
 
 def check_outputs(program: torch.export.ExportedProgram, name: str,

@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import io
 import re
-import warnings
-from collections.abc import Iterator
 
+import onnx
+import onnx.version_converter
 import onnx_ir as ir
 import torch
 
-from onnx_modular._compat import quiet_loggers, torch_onnx_export
+from onnx_modular._compat import quiet_libraries, torch_onnx_export
 from onnx_modular.diagnostics import DiagnosticContext, Location
 from onnx_modular.errors import rules
 from onnx_modular.metadata import NO_MODULE, STACK_TRACE
@@ -29,18 +28,53 @@ from onnx_modular.metadata import NO_MODULE, STACK_TRACE
 MIN_HIERARCHICAL_OPSET = 18
 
 
+#: The oldest default-domain opset ONNX Runtime runs.
+MIN_OPSET = 7
+
+
 def check_opset(opset: int | None, *, flat: bool, ctx: DiagnosticContext,
                 what: str = "a hierarchical model") -> None:
-    """Below opset 18 torch.onnx translates at 18 and converts down with onnx's C converter,
-    which neither knows functions nor keeps the node metadata that outlining and splitting
-    follow: only a flat export can go there."""
-    if opset is None or opset >= MIN_HIERARCHICAL_OPSET or flat:
+    """Before any work: an opset must be one the installed onnx defines; below 18 torch.onnx
+    translates at 18 and converts down with onnx's C converter, which neither knows
+    functions nor keeps the node metadata that outlining and splitting follow, so only a
+    flat export can go there (as far as the converter has adapters for its ops)."""
+    if opset is None:
         return
-    remedy = ("; use opset >= 18, or functions='none' for a flat model converted down"
+    newest = onnx.defs.onnx_opset_version()
+    if isinstance(opset, bool) or not isinstance(opset, int) \
+            or not MIN_OPSET <= opset <= newest:
+        raise ctx.error(rules.TRANSLATION, reason=(
+            f"opset {opset!r:.20} is not an ONNX opset this onnx can emit: give "
+            f"{MIN_OPSET}..{newest}"))
+    if opset >= MIN_HIERARCHICAL_OPSET or flat:
+        return
+    remedy = ("; use opset >= 18, or functions='none' for a flat model, which onnx's version "
+              "converter takes below 18 as far as it has adapters for the model's ops"
               if what == "a hierarchical model" else "; use opset >= 18")
     raise ctx.error(rules.UNSUPPORTED_INPUT, reason=(
         f"opset {opset} is below {MIN_HIERARCHICAL_OPSET}, the lowest {what} can be "
         f"emitted at{remedy}"))
+
+
+_NO_ADAPTER = re.compile(r"No Adapter (?:From|For) Version \$?(\d+) for (\w+)", re.I)
+
+
+def _conversion_failure(model: ir.Model, opset: int) -> str:
+    """Why onnx's version converter cannot take ``model`` to ``opset`` (torch.onnx logs it
+    with a traceback and keeps the model as it was): the op without an adapter, and how
+    low the model does go."""
+    try:
+        onnx.version_converter.convert_version(ir.serde.serialize_model(model), opset)
+    except Exception as e:
+        text = str(e)
+        match = _NO_ADAPTER.search(text)
+        if match:
+            version, op = match.groups()
+            return (f"onnx's version converter has no adapter taking {op} below opset "
+                    f"{version}; the lowest opset this model reaches is {version}")
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        return lines[-1][:200] if lines else type(e).__name__
+    return "the converter failed inside torch.onnx"
 
 
 @dataclasses.dataclass
@@ -49,15 +83,10 @@ class Translation:
     program: torch.export.ExportedProgram  # the decomposed program the model came from
 
 
-@contextlib.contextmanager
-def quiet_torch_onnx() -> Iterator[None]:
-    """torch.onnx prints progress and warns about torchvision; keep the user's terminal clean."""
-    # onnxscript's version converter logs a warning with a traceback when it cannot reach
-    # the opset; translate() reports that as one line instead.
-    with quiet_loggers("torch.onnx", "onnxscript.version_converter"), \
-            warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-        warnings.simplefilter("ignore")
-        yield
+def quiet_torch_onnx() -> contextlib.AbstractContextManager[None]:
+    """torch.onnx prints progress, logs and warns (torchvision, the version converter's
+    traceback); translate() reports failures as one line instead."""
+    return quiet_libraries()
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -133,8 +162,8 @@ def translate(program: torch.export.ExportedProgram, *, opset: int | None = None
         # torch.onnx translates at its own opset and converts; when conversion fails it keeps
         # the model unconverted yet uses ops of the newer opset: an invalid model.
         raise ctx.error(rules.TRANSLATION, reason=(
-            f"torch.onnx could not convert the model to opset {opset} (the converter left it "
-            f"at opset {reached}); choose an opset the installed onnxscript can convert to"))
+            f"torch.onnx could not convert the model to opset {opset} (it stays at opset "
+            f"{reached}): {_conversion_failure(onnx_program.model, opset)}"))
     stable_stack_traces(onnx_program.model)
     return Translation(onnx_program.model, onnx_program.exported_program)
 

@@ -23,18 +23,30 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import secrets
+import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import onnx_ir as ir
 
-from onnx_modular._io import atomic_write_bytes, atomic_write_text
+from onnx_modular._io import (
+    TWO_GB,
+    atomic_write_text,
+    clean_stale_temporaries,
+    pid_alive,
+    save_model,
+)
 from onnx_modular.errors import fail
+from onnx_modular.metadata import PARTS_SET_ID
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "onnx_modular.parts"
 MANIFEST_VERSION = 1
+#: A part whose weights exceed this many bytes keeps them in a data file beside it.
+EXTERNAL_DATA_ABOVE = TWO_GB
 
 
 def dtype_name(value: ir.Value) -> str | None:
@@ -104,33 +116,137 @@ def build_manifest(model_graph: ir.Graph, parts: Sequence[Any], *, kind: str,
 
 def save_parts(directory: str | os.PathLike[str], parts: Sequence[Any],
                manifest: dict[str, Any]) -> Path:
-    """Write each part's model, then the manifest; every file lands whole (temp, rename)."""
-    out = Path(directory)
-    if out.exists() and not out.is_dir():
-        raise fail(f"cannot write parts to '{out}': it is a file, not a directory")
-    out.mkdir(parents=True, exist_ok=True)
-    for part in parts:
-        proto = ir.serde.serialize_model(part.model)
-        atomic_write_bytes(out / f"{part.name}.onnx", proto.SerializeToString())
-    atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=2))
+    """Write every part, then the manifest, as one set: a reader sees the old directory or
+    the new one, never a mix, whatever fails or is killed on the way.
+
+    The set is written into a sibling temporary directory and swapped in with two renames
+    (the old set stays beside it until the new one is in place, and a save killed between
+    the renames is undone by the next one). Parts above 2 GB get external data. The
+    manifest and every part record one ``set_id``: a runner that meets two ids refuses.
+    """
+    out = check_parts_directory(directory)
+    parent = out.parent
+    restore_interrupted_swap(out)
+    clean_stale_temporaries(parent, out.name)
+    set_id = secrets.token_hex(8)
+    staging = parent / f".{out.name}.om{os.getpid()}-{secrets.token_hex(4)}.tmp"
+    try:
+        staging.mkdir()
+        for part in parts:
+            part.model.metadata_props[PARTS_SET_ID] = set_id
+            save_model(part.model, staging / f"{part.name}.onnx",
+                       external_data_threshold=EXTERNAL_DATA_ABOVE)
+        atomic_write_text(staging / MANIFEST, json.dumps({**manifest, "set_id": set_id},
+                                                         indent=2))
+        _swap_in(staging, out)
+    except OSError as e:
+        raise fail(f"cannot write parts to '{out}': {e.strerror or e}"
+                   + ("; nothing was changed" if out.exists() or not staging.exists()
+                      else "")) from e
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
     return out
 
 
+def check_parts_directory(directory: str | os.PathLike[str]) -> Path:
+    """The parts directory as a Path, or one line saying why it cannot be written; the
+    command line calls this before the work, ``save_parts`` again before writing."""
+    if not str(directory):
+        raise fail("cannot write parts to '': the output directory is empty")
+    out = Path(directory)
+    if out.exists() and not out.is_dir():
+        raise fail(f"cannot write parts to '{out}': it is a file, not a directory")
+    parent = out.parent
+    if not parent.is_dir():
+        raise fail(f"cannot write parts to '{out}': directory '{parent}' does not exist")
+    if not os.access(parent, os.W_OK):
+        raise fail(f"cannot write parts to '{out}': directory '{parent}' is not writable")
+    return out
+
+
+def _swap_in(staging: Path, out: Path) -> None:
+    if not out.exists():
+        os.rename(staging, out)
+        return
+    old = out.parent / f".{out.name}.om{os.getpid()}-old{secrets.token_hex(3)}.tmp"
+    os.rename(out, old)
+    try:
+        os.rename(staging, out)
+    except BaseException:
+        os.rename(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def restore_interrupted_swap(out: Path) -> None:
+    """A save killed between its two renames left the old set hidden beside ``out``."""
+    if out.exists():
+        return
+    parent = out.parent if str(out.parent) else Path(".")
+    pattern = re.compile(rf"^\.{re.escape(out.name)}\.om(\d+)-old[0-9a-f]+\.tmp$")
+    for entry in sorted(parent.iterdir()) if parent.is_dir() else []:
+        match = pattern.match(entry.name)
+        if match and entry.is_dir() and not pid_alive(int(match[1])):
+            os.rename(entry, out)
+            return
+
+
 def load_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read and check ``manifest.json`` of a parts directory."""
-    path = Path(directory) / MANIFEST
+    """Read and check ``manifest.json`` of a parts directory: every field the runner uses
+    has the right form, and every file is a plain name inside the directory."""
+    folder = Path(directory)
+    restore_interrupted_swap(folder)
+    path = folder / MANIFEST
     if not path.is_file():
         raise fail(f"'{directory}' holds no {MANIFEST}; write it with .save(directory)")
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise fail(f"cannot read '{path}': invalid JSON ({e.msg})") from e
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise fail(f"cannot read '{path}': invalid JSON ({e})") from e
     if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
         raise fail(f"'{path}' is not an onnx_modular parts manifest")
-    if manifest.get("version", 0) > MANIFEST_VERSION:
-        raise fail(f"'{path}' has manifest version {manifest.get('version')}; this "
-                   f"onnx_modular reads up to {MANIFEST_VERSION}")
+    version = manifest.get("version", 0)
+    if not isinstance(version, int) or version > MANIFEST_VERSION:
+        raise fail(f"'{path}' has manifest version {version!r}; this onnx_modular reads up "
+                   f"to {MANIFEST_VERSION}")
     parts = manifest.get("regions")
     if not isinstance(parts, list) or not parts:
         raise fail(f"'{path}' lists no regions")
+    for key in ("inputs", "outputs"):
+        _check_values(manifest.get(key), f"'{path}': {key}")
+    names: set[str] = set()
+    for k, part in enumerate(parts):
+        where = f"'{path}': region #{k}"
+        if not isinstance(part, dict):
+            raise fail(f"{where} is not an object")
+        for key in ("name", "file"):
+            if not isinstance(part.get(key), str) or not part[key]:
+                raise fail(f"{where} has no '{key}' (a string)")
+        if part["name"] in names:
+            raise fail(f"{where}: the name '{part['name']}' is used twice")
+        names.add(part["name"])
+        if part.get("kind", "acc") not in ("acc", "cpu", "stage"):
+            raise fail(f"{where}: kind {part.get('kind')!r} is not acc, cpu or stage")
+        inside_directory(folder, part["file"], where)
+        _check_values(part.get("inputs", []), f"{where} inputs")
+        _check_values(part.get("outputs", []), f"{where} outputs")
     return manifest
+
+
+def _check_values(values: Any, where: str) -> None:
+    if not isinstance(values, list) or not all(
+            isinstance(v, dict) and isinstance(v.get("name"), str) for v in values):
+        raise fail(f"{where} must be a list of {{\"name\": ...}} objects")
+
+
+def inside_directory(folder: Path, name: str, where: str) -> Path:
+    """``folder/name``, refused unless it is a plain file name of a regular file inside
+    ``folder`` (no ``..``, no absolute path, no symbolic link out)."""
+    if Path(name).name != name or name in (".", "..") or "\\" in name:
+        raise fail(f"{where}: file '{name}' is not a plain file name inside the directory")
+    file = folder / name
+    if file.is_symlink():
+        raise fail(f"{where}: file '{name}' is a symbolic link; parts are read from regular "
+                   "files inside the directory only")
+    return file

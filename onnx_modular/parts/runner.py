@@ -10,6 +10,7 @@ a round trip through host memory; it is copied to the host only where a CPU part
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,8 @@ import torch
 
 from onnx_modular import _compat, runtime
 from onnx_modular.errors import fail, rules
-from onnx_modular.parts.manifest import load_manifest
+from onnx_modular.metadata import PARTS_SET_ID
+from onnx_modular.parts.manifest import inside_directory, load_manifest
 
 
 def _device_of(providers: Sequence[str]) -> str:
@@ -44,31 +46,47 @@ class SplitRunner:
         self.cpu_providers = (["CPUExecutionProvider"] if cpu_providers is None
                               else runtime.resolve_providers(cpu_providers))
         self._sessions: dict[str, Any] = {}
+        self._lock = threading.Lock()  # threads share one runner: one session per part
+        self._set_id = self.manifest.get("set_id")
 
     def providers_of(self, part: dict[str, Any]) -> list[str]:
         return self.cpu_providers if part.get("kind") == "cpu" else self.acc_providers
 
     def session(self, part: dict[str, Any]) -> Any:
-        """The ORT session of one part (created on first use)."""
+        """The ORT session of one part (created on first use, once, whatever the threads)."""
         name = part["name"]
-        if name not in self._sessions:
-            file = self.directory / part["file"]
-            if not file.is_file():
-                raise fail(f"part '{name}' of '{self.directory}' is missing its file "
-                           f"'{part['file']}'")
-            try:
-                session, _ = runtime.make_session(str(file), self.providers_of(part),
-                                                  what=f"part '{name}'")
-            except runtime.ProviderUnavailableError:
-                # onnxruntime-gpu lists CUDA even where no GPU or driver is present: the
-                # default acc provider then is CPU; an explicit request stays an error
-                if not self._acc_defaulted or part.get("kind") == "cpu":
-                    raise
-                self.acc_providers = ["CPUExecutionProvider"]
-                session, _ = runtime.make_session(str(file), self.providers_of(part),
-                                                  what=f"part '{name}'")
-            self._sessions[name] = session
-        return self._sessions[name]
+        session = self._sessions.get(name)
+        if session is None:
+            with self._lock:
+                session = self._sessions.get(name)
+                if session is None:
+                    session = self._sessions[name] = self._new_session(part)
+        return session
+
+    def _new_session(self, part: dict[str, Any]) -> Any:
+        name = part["name"]
+        file = inside_directory(self.directory, part["file"], f"part '{name}'")
+        if not file.is_file():
+            raise fail(f"part '{name}' of '{self.directory}' is missing its file "
+                       f"'{part['file']}'")
+        _check_external_data(file, self.directory, name)
+        try:
+            session, _ = runtime.make_session(str(file), self.providers_of(part),
+                                              what=f"part '{name}'")
+        except runtime.ProviderUnavailableError:
+            # onnxruntime-gpu lists CUDA even where no GPU or driver is present: the
+            # default acc provider then is CPU; an explicit request stays an error
+            if not self._acc_defaulted or part.get("kind") == "cpu":
+                raise
+            self.acc_providers = ["CPUExecutionProvider"]
+            session, _ = runtime.make_session(str(file), self.providers_of(part),
+                                              what=f"part '{name}'")
+        found = session.get_modelmeta().custom_metadata_map.get(PARTS_SET_ID)
+        if self._set_id is not None and found != self._set_id:
+            raise fail(f"part '{name}' of '{self.directory}' belongs to another save than "
+                       "its manifest.json (the directory was written over while it was "
+                       "read, or files were copied in); save the parts again")
+        return session
 
     # inputs and outputs
     def _flat_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
@@ -158,3 +176,19 @@ class SplitRunner:
 def _is_array(x: Any) -> bool:
     return isinstance(x, (np.ndarray, torch.Tensor))
 
+
+def _check_external_data(file: Path, folder: Path, name: str) -> None:
+    """External data a part names must be a plain file inside the parts directory too."""
+    import onnx
+
+    try:
+        proto = onnx.load(str(file), load_external_data=False)
+    except Exception as e:
+        raise fail(f"part '{name}': '{file}' is not a readable ONNX model "
+                   f"({runtime.first_line(e)})") from e
+    for init in proto.graph.initializer:
+        if init.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        for entry in init.external_data:
+            if entry.key == "location":
+                inside_directory(folder, entry.value, f"part '{name}' external data")

@@ -33,7 +33,7 @@ import torch.fx
 
 from onnx_modular._compat import codegen_of, lazy_graph_module, returns_nothing, set_codegen
 from onnx_modular.diagnostics import DiagnosticContext, Location
-from onnx_modular.errors import rules
+from onnx_modular.errors import fail, rules
 from onnx_modular.passes.infra import PassBase, PassConditionError, PassResult
 from onnx_modular.support.matching import entry_findings
 from onnx_modular.support.operator_support import (
@@ -495,6 +495,22 @@ def build_split_module(graph_module: torch.fx.GraphModule, plan: SplitPlan
 @dataclasses.dataclass
 class SplitPassResult(PassResult):
     plan: SplitPlan | None = None
+
+
+def check_limits(min_acc_module_size: Any, max_acc_splits: Any) -> None:
+    """One line before any work for limits that would otherwise pass silently: a negative
+    minimum size means no minimum, and ``max_acc_splits`` below 1 other than -1 (no
+    limit) would disable the cap the caller asked for."""
+    for name, value in (("min_acc_module_size", min_acc_module_size),
+                        ("max_acc_splits", max_acc_splits)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise fail(f"{name} must be an int, got {type(value).__name__} {value!r:.40}")
+    if min_acc_module_size < 0:
+        raise fail(f"min_acc_module_size must be >= 0 (acc regions of fewer nodes go to the "
+                   f"CPU), got {min_acc_module_size}")
+    if max_acc_splits != -1 and max_acc_splits < 1:
+        raise fail(f"max_acc_splits must be -1 (no limit) or a count >= 1, "
+                   f"got {max_acc_splits}")
 
 
 class SplitPass(PassBase):

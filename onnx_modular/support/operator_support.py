@@ -453,7 +453,13 @@ def load_support_file(path: str | os.PathLike[str]) -> OperatorSupport:
     p = Path(path)
     if not p.is_file():
         raise fail(f"cannot read op list '{p}': no such file")
-    text = p.read_text(encoding="utf-8")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise fail(f"cannot read op list '{p}': not UTF-8 text (byte {e.start}: "
+                   f"{e.object[e.start:e.start + 1]!r}); save it as UTF-8") from e
+    except OSError as e:
+        raise fail(f"cannot read op list '{p}': {e.strerror or e}") from e
     stripped = text.lstrip()
     if stripped.startswith(("[", "{")):
         try:
