@@ -66,12 +66,15 @@ class LoadedModel:
     label: str
     path: Path | None = None
     _bytes: bytes | None = dataclasses.field(default=None, repr=False)
+    #: the data files the file names (read into ``proto`` when loaded, which clears the
+    #: references there; the file's own bytes still hold them)
+    external: set[str] = dataclasses.field(default_factory=set)
 
     @property
     def size_bytes(self) -> int:
         if self.path is not None:
             total = self.path.stat().st_size
-            for name in _external_files(self.proto):
+            for name in self.external | _external_files(self.proto):
                 ext = self.path.parent / name
                 if ext.is_file():
                     total += ext.stat().st_size
@@ -80,7 +83,7 @@ class LoadedModel:
 
     @property
     def has_external_data(self) -> bool:
-        return bool(_external_files(self.proto))
+        return bool(self.external or _external_files(self.proto))
 
     def model_bytes(self) -> bytes:
         """The serialized model (the file's own bytes for a path), made once."""
@@ -131,13 +134,18 @@ def load_model(onnx_model: Any, what: str = "ONNX model") -> LoadedModel:
         if not path.is_file():
             raise fail(f"cannot read {what} '{path}': no such file")
         try:
-            proto = onnx.load(str(path))
+            proto = onnx.load(str(path), load_external_data=False)
+            external = _external_files(proto)
+            if external:
+                from onnx.external_data_helper import load_external_data_for_model
+
+                load_external_data_for_model(proto, str(path.parent))
         except Exception as exc:  # DecodeError, missing external data, ...
             raise fail(f"cannot read {what} '{path}': not a valid ONNX file "
                        f"({first_line(exc)})") from exc
         if not proto.graph.node and not proto.graph.output:
             raise fail(f"cannot read {what} '{path}': the file holds no ONNX graph")
-        return LoadedModel(proto, str(path), path)
+        return LoadedModel(proto, str(path), path, external=external)
     raise fail(f"{what} must be a path, an onnx.ModelProto or an export result with "
                f".model_proto, got {type(onnx_model).__name__}")
 
