@@ -143,6 +143,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rtol", type=float)
     p.add_argument("--atol", type=float)
     p.add_argument("--report", help="write the report (.json or .md)")
+    _add_repro_flags(p)
+
+    p = sub.add_parser("compare-io", help="run an ONNX model on saved inputs and compare "
+                       "with saved outputs (an extracted repro)", parents=[common])
+    p.add_argument("onnx", metavar="MODEL.onnx")
+    p.add_argument("inputs", metavar="INPUTS.npz", help="arrays named after the inputs")
+    p.add_argument("expected", metavar="EXPECTED.npz", help="arrays named after the outputs")
+    p.add_argument("--providers", help="cpu,cuda (default: all available)")
+    p.add_argument("--rtol", type=float)
+    p.add_argument("--atol", type=float)
+    p.add_argument("--report", help="write the report (.json or .md)")
 
     p = sub.add_parser("compare", help="structure and numerics of two ONNX models",
                        parents=[common])
@@ -293,18 +304,81 @@ def _parse_split_points(text: str) -> dict[str, str]:
     return points
 
 
+def _add_repro_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--extract", metavar="DIR",
+                   help="write a repro of the first diverging module call (module.onnx, "
+                   "inputs.npz, expected.npz, README.md) into DIR")
+    p.add_argument("--call", metavar="CALL",
+                   help="with --extract: the module call to extract (e.g. h.17.attn)")
+    p.add_argument("--node-data", metavar="FILE",
+                   help="write the errors per module as Model Explorer node data (.json)")
+
+
+def _check_repro_flags(args: argparse.Namespace) -> None:
+    """Flags that cannot work fail before the long work."""
+    from onnx_modular.cli.loading import user_error
+
+    if args.call and not args.extract:
+        raise user_error("--call names the module call to extract: add --extract DIR")
+    if args.extract:
+        target = Path(args.extract)
+        if target.exists() and not target.is_dir():
+            raise user_error(f"--extract: '{target}' is a file, not a directory")
+        _check_writable(str(target))
+    if args.node_data:
+        _check_writable(args.node_data)
+
+
+def _repro(rep: Any, args: argparse.Namespace) -> None:
+    """After the report: the overlay, and the extracted repro with the command to run it."""
+    if args.node_data:
+        rep.save(args.node_data, format="model-explorer")
+        out.print(f"Model Explorer overlay: {args.node_data} (model-explorer {args.onnx} "
+                  f"--node_data_paths {args.node_data})", highlight=False)
+    if not args.extract or (rep.ok and not args.call):
+        if args.extract:
+            out.print("Nothing extracted: every output matches torch (name a call with "
+                      "--call to extract one anyway).", highlight=False)
+        return
+    if not rep.ok and rep.localization is not None and rep.localization.first is None \
+            and not args.call:
+        out.print(f"Nothing extracted: {rep.localization.note or 'no module call diverges'}",
+                  highlight=False)
+        return
+    with _step(f"Extracting into {args.extract}"):
+        x = rep.extract(args.extract, call=args.call)
+    out.print(f"[bold]{escape(str(x))}[/bold]")
+    out.print(f"Extracted {x.call_id} to {x.directory}/ (module.onnx, inputs.npz, "
+              "expected.npz, README.md)", highlight=False)
+    out.print(f"Reproduce with: {x.command}", highlight=False, soft_wrap=True)
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from onnx_modular.check.validate import validate
     from onnx_modular.runtime import load_model
 
     if args.report:
         _check_report(args.report)
+    _check_repro_flags(args)
     providers = _providers(args.providers)
     loaded = load_model(args.onnx)  # a corrupt file fails here, before the model is built
     model, inputs, kwargs = _load(args)
     with _step("Validating against ONNX Runtime"):
         rep = validate(model, inputs, loaded, kwargs=kwargs,
                        providers=providers, rtol=args.rtol, atol=args.atol)
+    code = _finish(rep, rep.ok, args.report)
+    _repro(rep, args)
+    return code
+
+
+def cmd_compare_io(args: argparse.Namespace) -> int:
+    from onnx_modular.check.compare_io import compare_io
+
+    if args.report:
+        _check_report(args.report)
+    with _step("Running and comparing"):
+        rep = compare_io(args.onnx, args.inputs, args.expected,
+                         providers=_providers(args.providers), rtol=args.rtol, atol=args.atol)
     return _finish(rep, rep.ok, args.report)
 
 
@@ -341,7 +415,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"export": cmd_export, "split": cmd_split, "validate": cmd_validate,
-            "compare": cmd_compare, "inspect": cmd_inspect}
+            "compare-io": cmd_compare_io, "compare": cmd_compare, "inspect": cmd_inspect}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
