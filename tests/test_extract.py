@@ -276,3 +276,75 @@ def test_overlay_and_extract_on_a_flat_torch_onnx_export(tmp_path, capsys):
     x = rep.extract(tmp_path / "x")
     assert x.kind == "flat" and x.reproduces
     assert _compare_io(tmp_path / "x", capsys) == 1
+
+
+def test_exported_program_as_the_reference(tmp_path, capsys):
+    """A modularized program's GraphModules compile on their first call, calling
+    themselves once more: still one call each, so layers group and calls pair."""
+    import torch
+
+    model, args = hand_hier.net()
+    proto = _scaled(om.export(model, args).model_proto, "layers.1.fc.weight", 1.5)
+    rep = om.validate(torch.export.export(model, args), args, proto, providers="cpu")
+    assert rep.first_mismatch == "layers.1.fc"
+    assert [e.call_id for e in rep.localization.stack().calls] == [
+        "layers.0", "layers.1", "layers.2"]
+    x = rep.extract(tmp_path / "x")
+    assert x.reproduces and _compare_io(tmp_path / "x", capsys) == 1
+    assert not rep.extract(tmp_path / "y", call="layers.2").reproduces
+
+
+MODEL_SRC = """
+import torch
+class Net(torch.nn.Module):
+    def __init__(self):
+        torch.manual_seed(0)
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(3))
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.relu(layer(x)) + x
+        return x
+def inputs():
+    torch.manual_seed(1)
+    return (torch.randn(2, 8),)
+"""
+
+
+def test_cli_validate_extract_prints_the_repro_command(tmp_path, capsys):
+    src = tmp_path / "net.py"
+    src.write_text(MODEL_SRC)
+    model, inputs = f"{src}:Net", f"{src}:inputs"
+    good = tmp_path / "m.onnx"
+    assert main(["export", model, "--inputs", inputs, "-o", str(good)]) == 0
+    bad = tmp_path / "bad.onnx"
+    onnx.save(_scaled(onnx.load(good), "layers.1.weight", 1.5), bad)
+    capsys.readouterr()
+
+    x, nd = tmp_path / "x", tmp_path / "errors.json"
+    assert main(["validate", model, "--inputs", inputs, str(bad), "--extract", str(x),
+                 "--node-data", str(nd)]) == 1
+    out = capsys.readouterr().out
+    command = (f"python -m onnx_modular compare-io {x}/module.onnx {x}/inputs.npz "
+               f"{x}/expected.npz --providers cpu")
+    lines = out.strip().splitlines()
+    assert lines[-1] == f"Reproduce with: {command}"
+    assert lines[-2].startswith(f"Extracted layers.1 to {x}/ (module.onnx, inputs.npz")
+    assert f"--node_data_paths {nd}" in out and json.loads(nd.read_text())
+    assert main(command.split()[3:]) == 1
+
+    # a named healthy call, from a model that matches
+    capsys.readouterr()
+    assert main(["validate", model, "--inputs", inputs, str(good), "--extract",
+                 str(tmp_path / "ok"), "--call", "layers.2"]) == 0
+    assert "matches torch" in capsys.readouterr().out
+    assert main(["validate", model, "--inputs", inputs, str(good), "--extract",
+                 str(tmp_path / "none")]) == 0
+    assert "Nothing extracted" in capsys.readouterr().out
+    assert not (tmp_path / "none").exists()
+    # flags that cannot work fail first, in one line
+    assert main(["validate", model, "--inputs", inputs, str(good), "--call", "x"]) == 2
+    assert "add --extract" in capsys.readouterr().err
+    assert main(["validate", model, "--inputs", inputs, str(good), "--extract",
+                 str(src)]) == 2
+    assert "not a directory" in capsys.readouterr().err

@@ -152,7 +152,8 @@ def _summary(calls: list[CallError], first_bad: int | None, jump: int | None) ->
                 f"(max abs err {fmt(bad.max_abs)})")
         if at:
             before = max(c.max_abs for c in calls[:at])
-            text += f"; the {at} before stay within it (<= {fmt(before)})"
+            them = "the one before stays" if at == 1 else f"the {at} before stay"
+            text += f"; {them} within it (<= {fmt(before)})"
     else:
         before = max(c.max_abs for c in calls[:at])
         text = (f"all {n} {kind} calls stay within tolerance, but the error leaps at "

@@ -101,8 +101,17 @@ def record_calls(
     counts: dict[int, int] = {}
     handles = []
 
+    running: list[torch.nn.Module] = []
+
     def pre_hook(name: str) -> Callable[..., None]:
         def hook(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
+            if running and running[-1] is module:
+                # the module calling itself again, as a lazily compiled GraphModule does on
+                # its first call: one module call, not a nested second one
+                running.append(module)
+                stack.append(-1)
+                return
+            running.append(module)
             if modularized:
                 call_id = str(module.call_id)
                 path, type_name = str(module.module_path), str(module.module_type)
@@ -112,14 +121,19 @@ def record_calls(
                 call_id = name if k == 0 else f"{name}@{k}"
                 path, type_name = name, _type_name(module)
             inputs = _tensor_leaves((args, kwargs))
-            calls.append(TorchCall(call_id, path, type_name, len(stack),
-                                   stack[-1] if stack else None, [], [], inputs,
+            open_calls = [i for i in stack if i >= 0]
+            calls.append(TorchCall(call_id, path, type_name, len(open_calls),
+                                   open_calls[-1] if open_calls else None, [], [], inputs,
                                    [tensor_version(t) for t in inputs]))
             stack.append(len(calls) - 1)
         return hook
 
     def post_hook(module: torch.nn.Module, _args: Any, output: Any) -> None:
-        call = calls[stack.pop()]
+        running.pop()
+        index = stack.pop()
+        if index < 0:
+            return
+        call = calls[index]
         call.outputs = _tensor_leaves(output)
         call.versions = [tensor_version(t) for t in call.outputs]
 
