@@ -30,15 +30,13 @@ def abs_error_histogram(actual: np.ndarray, expected: np.ndarray) -> list[int]:
     e = np.asarray(expected)
     if a.shape != e.shape or a.size == 0:
         return [0] * (len(HIST_EDGES) + 1)
-    if a.dtype == e.dtype and a.dtype in (np.float32, np.float64):
-        with np.errstate(invalid="ignore", over="ignore"):
-            err = np.abs(a - e)
-    else:
-        with np.errstate(invalid="ignore", over="ignore"):
-            err = np.abs(a.astype(np.float64) - e.astype(np.float64))
+    same_float = a.dtype == e.dtype and a.dtype in (np.float32, np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        err = np.abs(a - e) if same_float else np.abs(a.astype(np.float64) - e.astype(np.float64))
     err = err.ravel()
-    same = (a == e).ravel()  # inf == inf: no error
-    err = np.where(same, 0.0, np.nan_to_num(err, nan=np.inf))
+    if not np.isfinite(err).all():  # inf == inf is no error; NaN and inf otherwise count
+        same = (a == e).ravel()
+        err = np.where(same, 0.0, np.nan_to_num(err, nan=np.inf))
     bins = np.searchsorted(np.asarray(HIST_EDGES, dtype=err.dtype), err, side="right")
     return np.bincount(bins, minlength=len(HIST_EDGES) + 1).tolist()
 
