@@ -6,6 +6,8 @@ from onnx_modular.api.hook import hook
 from onnx_modular.api.split import SplitResult, split
 from onnx_modular.api.stages import Stage, StagesResult, split_by, split_stages
 from onnx_modular.check.compare import CompareReport, compare
+from onnx_modular.check.compare_io import IOReport, compare_io
+from onnx_modular.check.extract import Extraction
 from onnx_modular.check.validate import ValidationReport, validate
 from onnx_modular.diagnostics import (
     Diagnostic,
@@ -30,6 +32,8 @@ __all__ = [
     "hook",
     "CallInfo",
     "CompareReport",
+    "Extraction",
+    "IOReport",
     "Diagnostic",
     "DiagnosticContext",
     "Level",
@@ -49,6 +53,7 @@ __all__ = [
     "StagesResult",
     "ValidationReport",
     "compare",
+    "compare_io",
     "to_sarif",
     "validate",
 ]

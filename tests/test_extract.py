@@ -348,3 +348,44 @@ def test_cli_validate_extract_prints_the_repro_command(tmp_path, capsys):
     assert main(["validate", model, "--inputs", inputs, str(good), "--extract",
                  str(src)]) == 2
     assert "not a directory" in capsys.readouterr().err
+
+
+def test_outputs_changed_in_place_cannot_be_extracted(tmp_path):
+    import torch
+    from torch import nn
+
+    class InPlace(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = nn.Linear(4, 4)
+            self.after = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.inner(x)
+            y.mul_(3.0)  # torch's record of inner's output is gone
+            return self.after(y)
+
+    torch.manual_seed(0)
+    model, args = InPlace().eval(), (torch.randn(2, 4),)
+    rep = om.validate(model, args, om.export(model, args), providers="cpu")
+    with pytest.raises(om.OnnxModularError, match="changed in place") as e:
+        rep.extract(tmp_path / "x", call="inner")
+    assert "\n" not in str(e.value)
+    assert not rep.extract(tmp_path / "y", call="after").reproduces
+
+
+def test_bfloat16_values_survive_npz():
+    """numpy has no bfloat16: stored as uint16 bits, read back by the declared type."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    import io
+
+    from onnx_modular.check.compare_io import _as_declared, npz_bytes
+
+    a = np.array([1.5, -2.25, 3e-3], dtype=ml_dtypes.bfloat16)
+    with np.load(io.BytesIO(npz_bytes({"x": a}))) as data:
+        stored = data["x"]
+    assert stored.dtype == np.uint16
+    back = _as_declared("x", stored, "bfloat16")
+    assert back.dtype == a.dtype and np.array_equal(back.view(np.uint16), a.view(np.uint16))
+    with pytest.raises(om.OnnxModularError, match="expects float32"):
+        _as_declared("x", stored, "float32")

@@ -31,6 +31,7 @@ import onnx_ir as ir
 import torch
 
 from onnx_modular import runtime
+from onnx_modular._compat import tensor_version
 from onnx_modular._io import atomic_write_bytes, atomic_write_text, save_model
 from onnx_modular.check.call_stats import CallError
 from onnx_modular.check.compare_io import IOReport, compare_io, npz_bytes
@@ -291,16 +292,17 @@ def _pair_inputs(wanted: list[tuple[str, np.ndarray | None]], tcall: TorchCall
                  ) -> dict[str, tuple[np.ndarray, str]]:
     """Each ONNX input's value: the torch input of its shape and dtype closest to ONNX's
     value (each torch input used once), else ONNX's own value."""
-    torch_inputs = [(i, t) for i, t, v in zip(range(len(tcall.inputs)), tcall.inputs,
-                                              tcall.input_versions, strict=True)
-                    if _intact(t, v)]
     used: set[int] = set()
     out: dict[str, tuple[np.ndarray, str]] = {}
     for name, value in wanted:
         best: tuple[float, int, torch.Tensor] | None = None
-        for i, t in torch_inputs:
+        changed = False  # torch had one, but changed it in place after the call
+        for i, (t, version) in enumerate(zip(tcall.inputs, tcall.input_versions, strict=True)):
             if i in used or value is None or tuple(t.shape) != value.shape or \
                     dtype_name(t) != dtype_name(value):
+                continue
+            if tensor_version(t) != version:
+                changed = True
                 continue
             d = check_value(value, t, 0.0, 0.0, same_dtype=False).diff.max_abs
             if best is None or d < best[0]:
@@ -309,24 +311,20 @@ def _pair_inputs(wanted: list[tuple[str, np.ndarray | None]], tcall: TorchCall
             used.add(best[1])
             out[name] = (runtime.to_feed(best[2]), f"torch input {best[1]}")
         elif value is not None:
-            out[name] = (value, "ONNX value (torch passed no such tensor)")
+            why = ("torch changed its tensor in place after the call" if changed
+                   else "torch passed no tensor of this shape and dtype")
+            out[name] = (value, f"ONNX value ({why})")
         else:
             raise fail(f"no value for input '{name}' of the extracted call '{tcall.call_id}'",
                        rules.VALIDATION)
     return out
 
 
-def _intact(t: torch.Tensor, version: int) -> bool:
-    from onnx_modular._compat import tensor_version
-
-    return tensor_version(t) == version
-
-
 def _pair_outputs(wanted: list[tuple[str, np.ndarray | None]], tcall: TorchCall
                   ) -> dict[str, tuple[np.ndarray, str]]:
     """Each ONNX output's expected value: the closest torch output of its shape."""
-    outputs = [(i, t) for i, t, v in zip(range(len(tcall.outputs)), tcall.outputs,
-                                         tcall.versions, strict=True) if _intact(t, v)]
+    outputs = [(i, t) for i, (t, v) in enumerate(zip(tcall.outputs, tcall.versions,
+                                                     strict=True)) if tensor_version(t) == v]
     used: set[int] = set()
     out: dict[str, tuple[np.ndarray, str]] = {}
     for name, value in wanted:
