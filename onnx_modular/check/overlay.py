@@ -1,8 +1,8 @@
 """The errors on the graph: a node-data overlay for Google's Model Explorer.
 
-``model-explorer model.onnx --node_data_paths errors.json`` colors each node by a value
-(Model Explorer's "node data" JSON: per graph id, per node id, a value, and a gradient
-from the smallest to the largest value). Here the value is ``log10`` of a module call's
+``model-explorer model.onnx --extensions model_explorer_onnx --node_data_paths errors.json``
+colors each node by a value (Model Explorer's "node data" JSON: per graph id, per node id,
+a value, and a gradient from the smallest to the largest value). Here the value is ``log10`` of a module call's
 max abs error against torch, so decades read as steps of color and the diverging module,
 and the ones its error flows into, light up.
 

@@ -150,7 +150,7 @@ class ValidationReport(Report):
     def save(self, path: str | Path, format: str | None = None) -> None:
         """Write ``.json`` (``to_dict``), ``.md`` or ``.html``, atomically; with
         ``format="model-explorer"`` the errors as Model Explorer node data instead, for
-        ``model-explorer MODEL.onnx --node_data_paths PATH``."""
+        ``model-explorer MODEL.onnx --extensions model_explorer_onnx --node_data_paths PATH``."""
         if format in (None, "report"):
             return super().save(path)
         if format not in ("model-explorer", "node-data"):

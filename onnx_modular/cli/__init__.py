@@ -334,7 +334,8 @@ def _repro(rep: Any, args: argparse.Namespace) -> None:
     if args.node_data:
         rep.save(args.node_data, format="model-explorer")
         out.print(f"Model Explorer overlay: {args.node_data} (model-explorer {args.onnx} "
-                  f"--node_data_paths {args.node_data})", highlight=False)
+                  f"--extensions model_explorer_onnx --node_data_paths {args.node_data})",
+                  highlight=False)
     if not args.extract or (rep.ok and not args.call):
         if args.extract:
             out.print("Nothing extracted: every output matches torch (name a call with "
