@@ -2,9 +2,9 @@
 
 ``model-explorer model.onnx --extensions model_explorer_onnx --node_data_paths errors.json``
 colors each node by a value (Model Explorer's "node data" JSON: per graph id, per node id,
-a value, and a gradient from the smallest to the largest value). Here the value is ``log10`` of a module call's
-max abs error against torch, so decades read as steps of color and the diverging module,
-and the ones its error flows into, light up.
+a value, and a gradient from the smallest to the largest value). Here the value is
+``log10`` of a module call's max abs error against torch, so decades read as steps of color
+and the diverging module, and the ones its error flows into, light up.
 
 Ids follow Model Explorer's ONNX adapter (``model-explorer-onnx``): a graph is the main
 graph's name or ``[function]domain::name``; a node is its name, or ``<node_i>`` by
