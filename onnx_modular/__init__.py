@@ -9,6 +9,8 @@ from onnx_modular.api.hook import hook
 from onnx_modular.api.split import SplitResult, split
 from onnx_modular.api.stages import Stage, StagesResult, plan_stages, split_by, split_stages
 from onnx_modular.check.compare import CompareReport, compare
+from onnx_modular.check.compare_io import IOReport, compare_io
+from onnx_modular.check.extract import Extraction
 from onnx_modular.check.validate import ValidationReport, validate
 from onnx_modular.diagnostics import (
     Diagnostic,
@@ -33,6 +35,8 @@ __all__ = [
     "hook",
     "CallInfo",
     "CompareReport",
+    "Extraction",
+    "IOReport",
     "Diagnostic",
     "DiagnosticContext",
     "Level",
@@ -53,6 +57,7 @@ __all__ = [
     "StagesResult",
     "ValidationReport",
     "compare",
+    "compare_io",
     "to_sarif",
     "validate",
 ]

@@ -421,3 +421,14 @@ def test_values_changed_in_place_are_not_compared():
     rep = om.validate(model, args, proto, providers="cpu", localize=True)
     assert rep.ok and rep.localization.divergences == []
     assert rep.localization.calls_checked == 1  # "after"; "inner"'s output changed later
+
+
+def test_localization_of_a_model_with_external_data(tmp_path):
+    """Loading reads the data files in, which clears the references in the proto: the probe
+    (built from the file's own bytes) must still be told where the data lies."""
+    model, args = hand_hier.net()
+    proto = hand_hier.hierarchical(model, weight_scale={1: 1.5})
+    onnx.save_model(proto, tmp_path / "m.onnx", save_as_external_data=True,
+                    location="m.data", size_threshold=0)
+    rep = om.validate(model, args, tmp_path / "m.onnx", providers="cpu")
+    assert not rep.ok and rep.first_mismatch == "layers.1.fc"

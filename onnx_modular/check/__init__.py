@@ -3,6 +3,10 @@ them back (inspect). One job per module:
 
 - ``validate``: runs torch eager and ONNX Runtime on each provider, and localizes a mismatch
 - ``localize``: which module call is the first whose ONNX outputs leave torch's
+- ``call_stats``: every compared call's error in execution order, and where it grows
+- ``extract``: one module call as a standalone repro (model, torch's inputs and outputs)
+- ``compare_io``: a model on saved inputs against saved outputs (the repro's check)
+- ``overlay``: the errors as Model Explorer node data
 - ``wire``: protobuf splicing, so the localization probe never re-encodes the weights
 - ``compare``: two models' structure after inlining, outputs on the same inputs, and cost
 - ``inputs``: torch inputs bound to ONNX inputs; given or random inputs for ONNX models

@@ -35,7 +35,14 @@ import torch
 
 from onnx_modular._compat import ObservedInlinePass, tensor_version, tree_leaves
 from onnx_modular.check import wire as _wire
-from onnx_modular.check.numerics import Diff, check_value, json_float
+from onnx_modular.check.call_stats import (
+    HIST_EDGES,
+    CallError,
+    Stack,
+    abs_error_histogram,
+    find_stack,
+)
+from onnx_modular.check.numerics import Diff, check_value, dtype_name, json_float, to_numpy
 from onnx_modular.emit.inline import RebasingInlinePass
 from onnx_modular.metadata import CLASS_HIERARCHY, META_CALL, META_PATH, META_TYPE, NAME_SCOPES
 
@@ -94,8 +101,17 @@ def record_calls(
     counts: dict[int, int] = {}
     handles = []
 
+    running: list[torch.nn.Module] = []
+
     def pre_hook(name: str) -> Callable[..., None]:
         def hook(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
+            if running and running[-1] is module:
+                # the module calling itself again, as a lazily compiled GraphModule does on
+                # its first call: one module call, not a nested second one
+                running.append(module)
+                stack.append(-1)
+                return
+            running.append(module)
             if modularized:
                 call_id = str(module.call_id)
                 path, type_name = str(module.module_path), str(module.module_type)
@@ -105,14 +121,19 @@ def record_calls(
                 call_id = name if k == 0 else f"{name}@{k}"
                 path, type_name = name, _type_name(module)
             inputs = _tensor_leaves((args, kwargs))
-            calls.append(TorchCall(call_id, path, type_name, len(stack),
-                                   stack[-1] if stack else None, [], [], inputs,
+            open_calls = [i for i in stack if i >= 0]
+            calls.append(TorchCall(call_id, path, type_name, len(open_calls),
+                                   open_calls[-1] if open_calls else None, [], [], inputs,
                                    [tensor_version(t) for t in inputs]))
             stack.append(len(calls) - 1)
         return hook
 
     def post_hook(module: torch.nn.Module, _args: Any, output: Any) -> None:
-        call = calls[stack.pop()]
+        running.pop()
+        index = stack.pop()
+        if index < 0:
+            return
+        call = calls[index]
         call.outputs = _tensor_leaves(output)
         call.versions = [tensor_version(t) for t in call.outputs]
 
@@ -142,6 +163,14 @@ class OnnxCall:
     parent: int | None = None
     exact: bool = True  # False: metadata of a shared body, resolved against the parent
     inputs: list[str] = dataclasses.field(default_factory=list)
+    # What extraction and the overlay need, never filtered: every argument by position
+    # (None where absent) and every result, the function a call node calls, the graph and
+    # node name a viewer shows the call as, and (flat) the node indices of the call.
+    arguments: list[str | None] = dataclasses.field(default_factory=list)
+    results: list[str] = dataclasses.field(default_factory=list)
+    function: ir.OperatorIdentifier | None = None
+    site: tuple[str, str] | None = None
+    nodes: list[int] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -153,6 +182,38 @@ class Probe:
     position: dict[str, int]  # value name -> index of its producer in the inlined graph
     kind: str  # "hierarchical", "flat" or "none"
     note: str = ""  # why kind is "none", when the model has metadata that cannot be used
+    # the graph the calls' value names refer to (inlined, without weights, for a
+    # hierarchical model; the original's for a flat one): ``OnnxCall.nodes`` index it
+    graph: onnx.GraphProto | None = None
+    inlined: bool = False  # ``graph`` is an inlined copy: its nodes are not the model's
+
+
+@dataclasses.dataclass
+class _Instance:
+    """One call node instance the inliner met: its own metadata, the instance it was
+    inlined from, its value names, the function it calls and where a viewer shows it."""
+
+    meta: dict[str, str]
+    parent: int | None
+    outputs: list[str]
+    inputs: list[str]
+    arguments: list[str | None]
+    function: ir.OperatorIdentifier
+    site: tuple[str, str]
+
+
+def graph_id(function: ir.OperatorIdentifier | None, main: str) -> str:
+    """The id Model Explorer's ONNX adapter gives a graph: the main graph's name, or
+    ``[function]domain::name`` for a function body."""
+    if function is None:
+        return main
+    domain, name, overload = function
+    return f"[function]{domain}::{name}" + (f"::{overload}" if overload else "")
+
+
+def node_id(node: ir.Node | onnx.NodeProto, index: int) -> str:
+    """The id a viewer gives a node: its name, or ``<node_i>`` by position when it has none."""
+    return node.name or f"<node_{index}>"
 
 
 class _TrackingInliner(RebasingInlinePass):
@@ -165,19 +226,26 @@ class _TrackingInliner(RebasingInlinePass):
         # it natively, and Python clones a third of the nodes (GPT-2: 72 of 243 calls).
         functions = model.functions
         super().__init__(lambda f: any(n.op_identifier() in functions for n in f))
-        self.instances: list[tuple[dict[str, str], int | None, list[str], list[str]]] = []
+        self.instances: list[_Instance] = []
         self._origin: dict[ir.Node, int] = {}
+        self._site: dict[ir.Node, tuple[str, str]] = {}  # clone -> its body's graph and node
         self._leaves: dict[int, ir.Node] = {}  # instance -> its call node, still in the graph
         self._expanding: list[int] = []
+        self._main = model.graph.name or "<main>"
+        for i, node in enumerate(model.graph):
+            self._site[node] = (self._main, node_id(node, i))
 
     def _record(self, node: ir.Node) -> int:
         parent = self._origin.get(node)
         meta = dict(node.metadata_props)
-        if parent is not None and meta.get(META_CALL) == self.instances[parent][0].get(META_CALL):
+        if parent is not None and meta.get(META_CALL) == self.instances[parent].meta.get(
+                META_CALL):
             meta = {}  # no metadata of its own: the cloner copied the enclosing call's
-        outputs = [v.name or "" for v in node.outputs]
-        inputs = [v.name for v in node.inputs if v is not None and v.name]
-        self.instances.append((meta, parent, outputs, inputs))
+        self.instances.append(_Instance(
+            meta, parent, [v.name or "" for v in node.outputs],
+            [v.name for v in node.inputs if v is not None and v.name],
+            [v.name if v is not None else None for v in node.inputs],
+            node.op_identifier(), self._site.get(node, (self._main, node.name or ""))))
         return len(self.instances) - 1
 
     def _is_leaf(self, node: ir.Node) -> bool:
@@ -190,8 +258,10 @@ class _TrackingInliner(RebasingInlinePass):
     def expanded(self, node: ir.Node, function: ir.Function, nodes: list[ir.Node]) -> None:
         super().expanded(node, function, nodes)
         index = self._expanding.pop()
-        for n in nodes:
+        body = graph_id(function.identifier(), self._main)
+        for i, (original, n) in enumerate(zip(function, nodes, strict=True)):
             self._origin[n] = index
+            self._site[n] = (body, node_id(original, i))
         for n in nodes:  # leaf calls stay: recorded now, in body order after their parent
             if self._is_leaf(n):
                 self._leaves[self._record(n)] = n
@@ -203,9 +273,10 @@ class _TrackingInliner(RebasingInlinePass):
             if node not in self._origin and self._is_leaf(node):
                 self._leaves[self._record(node)] = node
         for index, node in self._leaves.items():
-            meta, parent, _, _ = self.instances[index]
-            self.instances[index] = (meta, parent, [v.name or "" for v in node.outputs],
-                                     [v.name for v in node.inputs if v is not None and v.name])
+            instance = self.instances[index]
+            instance.outputs = [v.name or "" for v in node.outputs]
+            instance.inputs = [v.name for v in node.inputs if v is not None and v.name]
+            instance.arguments = [v.name if v is not None else None for v in node.inputs]
 
 
 def _drop_unused_functions(model: ir.Model) -> None:
@@ -227,14 +298,17 @@ def _module_instances(inliner: _TrackingInliner) -> list[OnnxCall]:
     """Call instances that are module calls; non-module functions pass their parent on."""
     calls: list[OnnxCall] = []
     index_of: dict[int, int | None] = {}
-    for i, (meta, parent, outputs, inputs) in enumerate(inliner.instances):
-        parent_call = index_of.get(parent) if parent is not None else None
-        call_id = meta.get(META_CALL) or meta.get(META_PATH)
+    for i, inst in enumerate(inliner.instances):
+        parent_call = index_of.get(inst.parent) if inst.parent is not None else None
+        call_id = inst.meta.get(META_CALL) or inst.meta.get(META_PATH)
         if not call_id:
             index_of[i] = parent_call
             continue
-        calls.append(OnnxCall(call_id, meta.get(META_PATH, call_id), meta.get(META_TYPE),
-                              outputs, parent_call, exact=parent is None, inputs=inputs))
+        calls.append(OnnxCall(call_id, inst.meta.get(META_PATH, call_id),
+                              inst.meta.get(META_TYPE), inst.outputs, parent_call,
+                              exact=inst.parent is None, inputs=inst.inputs,
+                              arguments=list(inst.arguments), results=list(inst.outputs),
+                              function=inst.function, site=inst.site))
         index_of[i] = len(calls) - 1
     return calls
 
@@ -253,8 +327,30 @@ def _scopes(node: onnx.NodeProto) -> tuple[list[str], list[str]] | None:
     return paths, classes
 
 
+def _sandwiched(chains: list[list[str] | None]) -> list[list[str] | None]:
+    """Metadata-less nodes (an optimizer's ``Split``) join the calls open on both sides:
+    left out, a call would take its own intermediates as inputs, and an extracted call
+    would be fed ONNX's values of them instead of computing them from torch's inputs."""
+    out = list(chains)
+    before: list[str] | None = None
+    pending: list[int] = []
+    for i, chain in enumerate(chains):
+        if chain is None:
+            pending.append(i)
+            continue
+        if pending and before is not None:
+            n = 0
+            while n < min(len(before), len(chain)) and before[n] == chain[n]:
+                n += 1
+            for j in pending:  # in no call: stays None, closing no run
+                out[j] = before[:n] or None
+        pending, before = [], chain
+    return out
+
+
 def _flat_calls(graph: onnx.GraphProto) -> list[OnnxCall]:
-    """Calls from ``name_scopes``: maximal runs of nodes in one module (metadata-less skip)."""
+    """Calls from ``name_scopes``: maximal runs of nodes in one module (metadata-less nodes
+    join the calls around them)."""
     nodes = list(graph.node)
     chains: list[list[str] | None] = []
     types: dict[str, str] = {}
@@ -267,6 +363,7 @@ def _flat_calls(graph: onnx.GraphProto) -> list[OnnxCall]:
         for path, cls in zip(paths, classes, strict=False):
             types.setdefault(path, cls)
         chains.append(paths)
+    chains = _sandwiched(chains)
 
     # membership runs per module path, in graph order
     runs: dict[str, list[list[int]]] = {}
@@ -297,8 +394,9 @@ def _flat_calls(graph: onnx.GraphProto) -> list[OnnxCall]:
             inputs = list(dict.fromkeys(name for i in run for name in nodes[i].input
                                         if name and name not in made))
             call_id = path if k == 0 else f"{path}@{k}"
-            found_calls.append((run[0], OnnxCall(call_id, path, types.get(path), outputs,
-                                                 inputs=inputs)))
+            found_calls.append((run[0], OnnxCall(
+                call_id, path, types.get(path), outputs, inputs=inputs,
+                arguments=list(inputs), results=list(outputs), nodes=list(run))))
     found_calls.sort(key=lambda item: (item[0], item[1].module_path.count(".")))
     return [call for _, call in found_calls]
 
@@ -398,7 +496,8 @@ def build_probe(proto: onnx.ModelProto, model_bytes: bytes | None = None) -> Pro
             if name not in present:
                 extra.append(name)
                 present.add(name)
-    return Probe(base + _wire.outputs_patch(extra), calls, position, kind)
+    return Probe(base + _wire.outputs_patch(extra), calls, position, kind, graph=graph,
+                 inlined=bool(proto.functions))
 
 
 # ---- pairing and judging ---------------------------------------------------------------------
@@ -492,32 +591,67 @@ class ModuleDivergence:
                 "max_rel_err": json_float(self.max_rel), "mismatched": self.mismatched}
 
 
+@dataclasses.dataclass(eq=False)
+class Evidence:
+    """What the judging saw, kept (not copied) for extraction and the viewer overlay:
+    the probe, every value it exposed, torch's calls and which ONNX call is which."""
+
+    probe: Probe
+    values: dict[str, np.ndarray]
+    torch_calls: list[TorchCall]
+    mapping: dict[int, int]  # ONNX call index -> torch call index
+    rtol: float | None
+    atol: float | None
+
+    def onnx_call_of(self, torch_index: int) -> int | None:
+        """The ONNX call paired with torch call ``torch_index``, if any."""
+        for k, j in self.mapping.items():
+            if j == torch_index:
+                return k
+        return None
+
+
 @dataclasses.dataclass
 class Localization:
-    """Every diverging module call in execution order, and the first (deepest) one."""
+    """Every diverging module call in execution order, and the first (deepest) one.
+
+    ``errors`` holds every paired call's error in execution order (diverging or not), so
+    a report can show where the error starts growing.
+    """
 
     kind: str
     calls_checked: int
     divergences: list[ModuleDivergence]
     first: ModuleDivergence | None
     note: str = ""
+    errors: list[CallError] = dataclasses.field(default_factory=list)
+    evidence: Evidence | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    def stack(self) -> Stack | None:
+        """The repeated blocks whose errors tell where the error starts to grow."""
+        return find_stack(self.errors, self.first.call_id if self.first else None)
 
     def to_dict(self) -> dict[str, Any]:
+        stack = self.stack()
         return {"kind": self.kind, "calls_checked": self.calls_checked,
                 "first_mismatch": self.first.module_path if self.first else None,
-                "divergences": [d.to_dict() for d in self.divergences], "note": self.note}
+                "divergences": [d.to_dict() for d in self.divergences], "note": self.note,
+                "abs_err_hist_edges": list(HIST_EDGES),
+                "calls": [e.to_dict() for e in self.errors],
+                "stack": stack.to_dict() if stack is not None else None}
 
 
 def _closest(actual: np.ndarray, candidates: list[torch.Tensor], rtol: float | None,
-             atol: float | None) -> Diff | None:
-    """The diff to the nearest same-shape torch tensor; None when none has the shape."""
-    best: Diff | None = None
+             atol: float | None) -> tuple[Diff, torch.Tensor] | None:
+    """The diff to the nearest same-shape torch tensor, and that tensor; None when none
+    has the shape."""
+    best: tuple[Diff, torch.Tensor] | None = None
     for t in candidates:
         if tuple(t.shape) != actual.shape:
             continue
         d = check_value(actual, t, rtol, atol, same_dtype=False).diff
-        if best is None or (d.ok, -d.max_abs) > (best.ok, -best.max_abs):
-            best = d
+        if best is None or (d.ok, -d.max_abs) > (best[0].ok, -best[0].max_abs):
+            best = d, t
     return best
 
 
@@ -532,12 +666,23 @@ def _inputs_diverge(call: OnnxCall, tcall: TorchCall, values: dict[str, np.ndarr
     for t in tcall.intact_inputs():
         best: Diff | None = None
         for actual in arrays:
-            d = _closest(actual, [t], rtol, atol)
+            found = _closest(actual, [t], rtol, atol)
+            d = found[0] if found is not None else None
             if d is not None and (best is None or (d.ok, -d.max_abs) > (best.ok, -best.max_abs)):
                 best = d
         if best is not None and not best.ok:
             return True
     return False
+
+
+def _dtypes(pairs: list[tuple[np.ndarray, torch.Tensor]]) -> str:
+    names = []
+    for actual, expected in pairs:
+        want, got = dtype_name(expected), dtype_name(actual)
+        name = want if want == got else f"{want} -> {got}"
+        if name not in names:
+            names.append(name)
+    return ", ".join(names)
 
 
 def judge(
@@ -551,34 +696,49 @@ def judge(
 
     A call whose outputs diverge while its inputs agree with torch is where the error
     arises; ``first`` is the earliest such call (the deepest on a tie), or the earliest
-    diverging call when every one of them was fed diverging inputs.
+    diverging call when every one of them was fed diverging inputs. Every compared call's
+    error goes to ``errors``, in torch's execution order.
     """
     mapping = resolve(probe.calls, torch_calls)
     divergences: list[ModuleDivergence] = []
-    checked = 0
+    errors: list[CallError] = []
     for k, j in mapping.items():
         call, tcall = probe.calls[k], torch_calls[j]
         bad: list[tuple[int, str, Diff]] = []
-        compared = False
+        pairs: list[tuple[np.ndarray, torch.Tensor, Diff]] = []
         outputs = tcall.intact_outputs()
         for name in call.outputs:
             actual = onnx_values.get(name)
-            best = _closest(actual, outputs, rtol, atol) if actual is not None else None
-            if best is None:
+            found = _closest(actual, outputs, rtol, atol) if actual is not None else None
+            if found is None:
                 continue
-            compared = True
+            best, expected = found
+            pairs.append((actual, expected, best))
             if not best.ok:
                 bad.append((probe.position.get(name, 0), name, best))
-        checked += compared
+        if not pairs:
+            continue
+        inherited = None
         if bad:
             position, name, _ = min(bad, key=lambda b: b[0])
+            inherited = _inputs_diverge(call, tcall, onnx_values, rtol, atol)
             divergences.append(ModuleDivergence(
                 tcall.module_path, tcall.call_id, tcall.module_type, tcall.depth, name,
                 max(b[2].max_abs for b in bad), max(b[2].max_rel for b in bad),
-                sum(b[2].mismatched for b in bad), position,
-                _inputs_diverge(call, tcall, onnx_values, rtol, atol)))
+                sum(b[2].mismatched for b in bad), position, inherited))
+        histogram = [0] * (len(HIST_EDGES) + 1)
+        for actual, expected, _ in pairs:
+            counts = abs_error_histogram(actual, to_numpy(expected))
+            histogram = [a + b for a, b in zip(histogram, counts, strict=True)]
+        errors.append(CallError(
+            j, tcall.call_id, tcall.module_path, tcall.module_type, tcall.depth, tcall.parent,
+            max(d.max_abs for _, _, d in pairs), max(d.max_rel for _, _, d in pairs),
+            sum(d.mismatched for _, _, d in pairs), sum(int(a.size) for a, _, _ in pairs),
+            _dtypes([(a, e) for a, e, _ in pairs]), histogram, not bad, inherited))
     divergences.sort(key=lambda d: (d.position, -d.depth))
+    errors.sort(key=lambda e: e.order)
     origins = [d for d in divergences if not d.inherited]
     first = origins[0] if origins else (divergences[0] if divergences else None)
-    note = "" if checked else "no module call of the ONNX model could be paired with torch"
-    return Localization(probe.kind, checked, divergences, first, note)
+    note = "" if errors else "no module call of the ONNX model could be paired with torch"
+    evidence = Evidence(probe, onnx_values, torch_calls, mapping, rtol, atol)
+    return Localization(probe.kind, len(errors), divergences, first, note, errors, evidence)

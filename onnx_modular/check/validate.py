@@ -112,15 +112,27 @@ def _validate(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
 
     report = ValidationReport(loaded.label, results, torch_s, skipped=skipped)
     failing = [r.provider for r in results if not r.ok]
-    if localize is True or (localize == "auto" and failing):
-        provider = failing[0] if failing else results[-1].provider
+    provider = failing[0] if failing else results[-1].provider if results else None
+
+    def relocalize() -> Localization:
+        """Localize on ``provider`` now (a report that did not, or let its values go)."""
+        nonlocal calls
+        assert provider is not None
         if calls is None:
             _, calls = _torch_run(model, args, kwargs, record=True)
         # A model that failed may fail through a fusion: its probe gets ORT's fusions too.
         # One that passed is localized on demand: the probe then skips them (faster to build).
-        report.localization = _localize(loaded, feeds, provider, calls, rtol, atol,
-                                        fuse=bool(failing))
+        with gc_paused():
+            report.localization = _localize(loaded, feeds, provider, calls, rtol, atol,
+                                            fuse=bool(failing))
         report.localization_provider = provider
+        calls = None  # the localization's evidence holds them now
+        return report.localization
+
+    report.source = loaded
+    report.relocalize = relocalize if provider is not None else None
+    if localize is True or (localize == "auto" and failing):
+        relocalize()
     return report
 
 

@@ -7,13 +7,20 @@ place, apart from the checking, so the command line and notebooks print the same
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from onnx_modular._io import atomic_write_text
+from onnx_modular.check.call_stats import HIST_LABELS, CallError, sparkline
 from onnx_modular.check.numerics import Diff
 from onnx_modular.check.report import Report, md_table
-from onnx_modular.runtime import short_provider
+from onnx_modular.errors import fail
+from onnx_modular.runtime import LoadedModel, short_provider
 
 if TYPE_CHECKING:
+    from onnx_modular.check.extract import Extraction
     from onnx_modular.check.localize import Localization
 
 __all__ = ["OutputCheck", "ProviderResult", "ValidationReport"]
@@ -68,6 +75,11 @@ class ValidationReport(Report):
     localization_provider: str | None = None
     #: default providers that were not checked, with the reason (e.g. no CUDA here)
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: the ONNX model checked (extraction takes the weights from it)
+    source: LoadedModel | None = dataclasses.field(default=None, repr=False, compare=False)
+    #: localizes now, for a report that did not (extracting from a model that matched)
+    relocalize: Callable[[], Localization] | None = dataclasses.field(
+        default=None, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -95,6 +107,59 @@ class ValidationReport(Report):
                 "provider": self.localization_provider, **self.localization.to_dict()},
         }
 
+    # -- repro and overlay ------------------------------------------------------------------
+
+    def extract(self, directory: str | Path, call: str | None = None) -> Extraction:
+        """Write a repro of one module call into ``directory``: ``module.onnx`` (that call
+        alone), ``inputs.npz`` (what reached it in torch), ``expected.npz`` (torch's
+        outputs) and ``README.md`` (the command that shows the mismatch, and its size).
+
+        ``call``: a call id or module path (``"h.17.attn"``; a unique tail will do); by
+        default the first mismatch. A report that did not localize (everything matched)
+        localizes first, so a healthy call can be extracted to compare.
+        """
+        from onnx_modular.check.extract import extract
+
+        if self.source is None or (self.localization is None and self.relocalize is None):
+            raise fail("this report has no model to extract from")
+        localization = self.localization
+        if localization is None or localization.evidence is None:
+            if self.relocalize is None:
+                raise fail("this report kept no localization to extract from")
+            localization = self.relocalize()
+        assert self.localization_provider is not None
+        return extract(localization, self.source, self.localization_provider, directory, call)
+
+    def release(self) -> None:
+        """Let go of the tensors the localization kept for :meth:`extract` and the overlay
+        (every module call's outputs, torch's and ONNX's)."""
+        if self.localization is not None:
+            self.localization.evidence = None
+
+    def node_data(self) -> dict[str, Any]:
+        """The errors as Model Explorer node data (see :mod:`onnx_modular.check.overlay`)."""
+        from onnx_modular.check.overlay import node_data
+
+        localization = self.localization
+        if localization is None or localization.evidence is None:
+            if self.relocalize is None:
+                return {}
+            localization = self.relocalize()
+        return node_data(localization)
+
+    def save(self, path: str | Path, format: str | None = None) -> None:
+        """Write ``.json`` (``to_dict``), ``.md`` or ``.html``, atomically; with
+        ``format="model-explorer"`` the errors as Model Explorer node data instead, for
+        ``model-explorer MODEL.onnx --extensions model_explorer_onnx --node_data_paths PATH``."""
+        if format in (None, "report"):
+            return super().save(path)
+        if format not in ("model-explorer", "node-data"):
+            raise fail(f"unknown report format '{format}': use 'report' or 'model-explorer'")
+        try:
+            atomic_write_text(path, json.dumps(self.node_data(), indent=1))
+        except OSError as exc:
+            raise fail(f"cannot write node data '{path}': {exc}") from exc
+
     # -- rendering --------------------------------------------------------------------------
 
     def _rows(self) -> list[list[str]]:
@@ -103,8 +168,8 @@ class ValidationReport(Report):
             for o in r.outputs:
                 rows.append([
                     short_provider(r.provider), o.name, "x".join(map(str, o.shape)) or "()",
-                    o.dtype, _fmt(o.diff.max_abs), _fmt(o.diff.max_rel),
-                    f"{_tol(o.rtol)}/{_tol(o.atol)}", "ok" if o.ok else "FAIL", o.diff.note])
+                    o.dtype, fmt_err(o.diff.max_abs), fmt_err(o.diff.max_rel),
+                    f"{fmt_tol(o.rtol)}/{fmt_tol(o.atol)}", "ok" if o.ok else "FAIL", o.diff.note])
         return rows
 
     _HEAD = ["EP", "output", "shape", "dtype", "abs err", "rel err", "rtol/atol", "status",
@@ -117,7 +182,7 @@ class ValidationReport(Report):
         if loc is None:
             return []
         return [[str(i + 1), d.call_id, d.module_type.rsplit(".", 1)[-1], d.output,
-                 _fmt(d.max_abs), _fmt(d.max_rel), str(d.mismatched),
+                 fmt_err(d.max_abs), fmt_err(d.max_rel), str(d.mismatched),
                  "diverged" if d.inherited else "ok"]
                 for i, d in enumerate(loc.divergences)]
 
@@ -167,10 +232,53 @@ class ValidationReport(Report):
             for i, row in enumerate(self._loc_rows()):
                 loc.add_row(*map(Text, row), style="bold" if i == first else None)
             parts.append(loc)
+        growth = self._growth_table()
+        if growth is not None:
+            parts.append(growth)
         if self.skipped:
             parts.append(Text(self._skipped_line(), style="yellow"))
         parts.append(Text(self.summary(), style="green" if self.ok else "bold red"))
         return Group(*parts)
+
+    _ERR_HEAD = ["#", "module call", "type", "max abs err", "max rel err", "mismatched",
+                 "dtype", "abs err per decade", "status"]
+
+    def _error_rows(self, errors: list[CallError], first: str | None,
+                    leap: str | None = None) -> list[list[str]]:
+        def status(e: CallError) -> str:
+            if not e.ok:
+                return "FIRST" if e.call_id == first else "FAIL"
+            return "ok, leaps" if e.call_id == leap else "ok"
+
+        return [[str(i + 1), e.call_id, e.module_type.rsplit(".", 1)[-1], fmt_err(e.max_abs),
+                 fmt_err(e.max_rel), f"{e.mismatched}/{e.size}", e.dtypes,
+                 sparkline(e.histogram), status(e)] for i, e in enumerate(errors)]
+
+    def _first_call_id(self) -> str | None:
+        loc = self.localization
+        return loc.first.call_id if loc is not None and loc.first is not None else None
+
+    def _growth_table(self) -> Any:
+        """The repeated blocks' errors in execution order, and where the error grows."""
+        from rich.table import Table
+
+        loc = self.localization
+        stack = loc.stack() if loc is not None else None
+        if stack is None:
+            return None
+        table = Table(title=f"Error per {stack.module_type.rsplit('.', 1)[-1]} call in "
+                      f"{stack.parent or 'the model'} (execution order; histogram: "
+                      f"{HIST_LABELS[0]} ... {HIST_LABELS[-1]})", title_justify="left",
+                      caption=stack.summary, caption_justify="left")
+        for h in self._ERR_HEAD:
+            table.add_column(h, justify="right" if ("err" in h and "decade" not in h)
+                             or h == "mismatched" else "left")
+        first = self._first_call_id()
+        leap = stack.calls[stack.jump].call_id if stack.jump is not None else None
+        styles = {"ok": None, "ok, leaps": "bold yellow", "FIRST": "bold red", "FAIL": "red"}
+        for row in self._error_rows(stack.calls, first, leap):
+            table.add_row(*row, style=styles[row[-1]])
+        return table
 
     def to_markdown(self) -> str:
         lines = [f"# Validation of {self.model}", "", f"**{self.summary()}**", ""]
@@ -183,14 +291,35 @@ class ValidationReport(Report):
                 lines += md_table(self._LOC_HEAD, self._loc_rows())
             else:
                 lines.append(self.localization.note or "No module call diverges.")
+            lines += self._errors_markdown()
         return "\n".join(lines) + "\n"
 
+    def _errors_markdown(self) -> list[str]:
+        loc = self.localization
+        if loc is None or not loc.errors:
+            return []
+        first = self._first_call_id()
+        lines = ["", "## Error by module call", ""]
+        stack = loc.stack()
+        if stack is not None:
+            lines += [f"**{stack.summary}**", ""]
+            lines += [*md_table(self._ERR_HEAD, self._error_rows(stack.calls, first)), ""]
+        lines += [f"Every compared call in execution order ({len(loc.errors)}); absolute "
+                  f"error per decade, {HIST_LABELS[0]} to {HIST_LABELS[-1]}:", "",
+                  "<details><summary>all module calls</summary>", ""]
+        rows = self._error_rows(loc.errors, first)
+        for row, e in zip(rows, loc.errors, strict=True):
+            row[1] = "&nbsp;" * 2 * e.depth + row[1]
+            row[7] = " ".join(map(str, e.histogram))
+        lines += [*md_table(self._ERR_HEAD, rows), "", "</details>"]
+        return lines
 
-def _fmt(x: float) -> str:
+
+def fmt_err(x: float) -> str:
     """Errors to three significant digits: enough to read, short enough for a table."""
     return f"{x:.3g}"
 
 
-def _tol(x: float) -> str:
+def fmt_tol(x: float) -> str:
     """``1e-4`` rather than ``0.0001``; an exact check reads ``0``."""
     return "0" if x == 0 else f"{x:.1e}".replace(".0e", "e").replace("e-0", "e-")

@@ -20,8 +20,6 @@ from rich.console import Console
 from rich.markup import escape
 
 from onnx_modular import _io
-from onnx_modular.check.compare import CompareReport
-from onnx_modular.check.validate import ValidationReport
 from onnx_modular.cli.loading import load_model, resolve_inputs
 from onnx_modular.diagnostics import Diagnostic, Level, one_line
 from onnx_modular.errors import fail, rules
@@ -185,7 +183,7 @@ def print_warnings(diagnostics: Sequence[Diagnostic]) -> None:
             err.print(f"[yellow]{escape(str(d))}[/yellow]", highlight=False)
 
 
-def finish(rep: ValidationReport | CompareReport, ok: bool, report: str | None) -> int:
+def finish(rep: Any, ok: bool, report: str | None) -> int:
     """Print a validate/compare report, save it if asked; 0 when ok, else 1 (a mismatch).
 
     Errors are not caught here: they reach :func:`onnx_modular.cli.main`, which prints one

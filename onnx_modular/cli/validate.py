@@ -7,10 +7,14 @@ after the user's model has been constructed.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
+
+from rich.markup import escape
 
 from onnx_modular.check.validate import validate
 from onnx_modular.cli import common
+from onnx_modular.errors import fail, rules
 from onnx_modular.runtime import load_model
 
 
@@ -23,6 +27,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     common.add_providers(p)
     common.add_tolerances(p)
     common.add_report(p)
+    p.add_argument("--extract", metavar="DIR",
+                   help="write a repro of the first diverging module call (module.onnx, "
+                   "inputs.npz, expected.npz, README.md) into DIR")
+    p.add_argument("--call", metavar="CALL",
+                   help="with --extract: the module call to extract (e.g. h.17.attn)")
+    p.add_argument("--node-data", metavar="FILE",
+                   help="write the errors per module as Model Explorer node data (.json)")
     return p
 
 
@@ -30,10 +41,53 @@ def run(args: argparse.Namespace) -> int:
     """Validate and print the report: 0 when every output matches, 1 when one does not."""
     if args.report:
         common.check_report(args.report)
+    _check_repro_flags(args)
     providers = common.providers(args.providers)
     loaded = load_model(args.onnx)  # a corrupt file fails here, before the model is built
     model, inputs, kwargs = common.load_model_and_inputs(args)
     with common.step("Validating against ONNX Runtime"):
         rep = validate(model, inputs, loaded, kwargs=kwargs,
                        providers=providers, rtol=args.rtol, atol=args.atol)
-    return common.finish(rep, rep.ok, args.report)
+    code = common.finish(rep, rep.ok, args.report)
+    _repro(rep, args)
+    return code
+
+
+def _check_repro_flags(args: argparse.Namespace) -> None:
+    """Flags that cannot work fail before the long work."""
+    if args.call and not args.extract:
+        raise fail("--call names the module call to extract: add --extract DIR",
+                   rules.BAD_INPUT)
+    if args.extract:
+        target = Path(args.extract)
+        if target.exists() and not target.is_dir():
+            raise fail(f"--extract: '{target}' is a file, not a directory", rules.BAD_INPUT)
+        common.check_writable(str(target))
+    if args.node_data:
+        common.check_writable(args.node_data)
+
+
+def _repro(rep: Any, args: argparse.Namespace) -> None:
+    """After the report: the overlay, and the extracted repro with the command to run it."""
+    out = common.out
+    if args.node_data:
+        rep.save(args.node_data, format="model-explorer")
+        out.print(f"Model Explorer overlay: {args.node_data} (model-explorer {args.onnx} "
+                  f"--extensions model_explorer_onnx --node_data_paths {args.node_data})",
+                  highlight=False)
+    if not args.extract or (rep.ok and not args.call):
+        if args.extract:
+            out.print("Nothing extracted: every output matches torch (name a call with "
+                      "--call to extract one anyway).", highlight=False)
+        return
+    if not rep.ok and rep.localization is not None and rep.localization.first is None \
+            and not args.call:
+        out.print(f"Nothing extracted: {rep.localization.note or 'no module call diverges'}",
+                  highlight=False)
+        return
+    with common.step(f"Extracting into {args.extract}"):
+        extraction = rep.extract(args.extract, call=args.call)
+    out.print(f"[bold]{escape(str(extraction))}[/bold]")
+    out.print(f"Extracted {extraction.call_id} to {extraction.directory}/ (module.onnx, "
+              "inputs.npz, expected.npz, README.md)", highlight=False)
+    out.print(f"Reproduce with: {extraction.command}", highlight=False, soft_wrap=True)

@@ -1,0 +1,196 @@
+"""compare-io: run an ONNX model on saved inputs and compare with saved expected outputs.
+
+The other half of an extracted repro (:mod:`onnx_modular.check.extract`): anyone with the
+three files and onnxruntime can see the mismatch, without the torch model. Inputs and
+expected outputs are ``.npz`` files keyed by the model's input and output names; values
+are judged as ``validate`` judges them (:mod:`onnx_modular.check.numerics`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import zipfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from onnx_modular import runtime
+from onnx_modular.check.inputs import declared_inputs
+from onnx_modular.check.numerics import check_value, dtype_name, onnx_elem_name, tolerances_for
+from onnx_modular.check.report import Report, md_table
+from onnx_modular.check.validation_report import OutputCheck, ProviderResult, fmt_err, fmt_tol
+from onnx_modular.errors import fail
+
+__all__ = ["IOReport", "compare_io", "load_npz", "npz_bytes"]
+
+
+def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
+    """An ``.npz`` archive of ``arrays`` in memory (written atomically by the caller).
+
+    numpy cannot store bfloat16: such arrays are stored as their uint16 bit patterns, and
+    :func:`compare_io` views them back by the dtype the model declares.
+    """
+    out = {}
+    for name, array in arrays.items():
+        array = np.asarray(array)
+        if array.dtype.name == "bfloat16":
+            array = array.view(np.uint16)
+        out[name] = array
+    buffer = io.BytesIO()
+    np.savez(buffer, **out)  # type: ignore[arg-type]
+    return buffer.getvalue()
+
+
+def load_npz(path: str | Path, what: str) -> dict[str, np.ndarray]:
+    """Every array of an ``.npz`` file; one-line errors for what cannot be read."""
+    file = Path(path)
+    if not file.is_file():
+        raise fail(f"cannot read {what} '{file}': no such file")
+    try:
+        with np.load(file, allow_pickle=False) as data:
+            return {name: data[name] for name in data.files}
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        raise fail(f"cannot read {what} '{file}': not a numpy .npz archive "
+                   f"({runtime.first_line(exc)})") from exc
+
+
+def _as_declared(name: str, array: np.ndarray, elem: str) -> np.ndarray:
+    """``array`` in the dtype the model declares for input ``name``."""
+    if elem == "bfloat16" and array.dtype.itemsize == 2 and array.dtype.kind in "uV":
+        import ml_dtypes
+
+        return array.view(np.uint16).view(ml_dtypes.bfloat16)
+    have = "bool" if array.dtype == np.bool_ else str(array.dtype)
+    if have != elem:
+        raise fail(f"input '{name}' is {have} in the inputs file but the model expects {elem}")
+    return array
+
+
+def _tolerances(got: np.ndarray, want: np.ndarray, rtol: float | None,
+                atol: float | None) -> tuple[float | None, float | None]:
+    """The looser of the two dtypes' defaults: a bfloat16 output's expected value is stored
+    widened to float32, and must not be held to float32's tolerance."""
+    if rtol is not None and atol is not None:
+        return rtol, atol
+    pairs = [tolerances_for(dtype_name(x), None, None) for x in (got, want)]
+    return (max(r for r, _ in pairs) if rtol is None else rtol,
+            max(a for _, a in pairs) if atol is None else atol)
+
+
+@dataclasses.dataclass
+class IOReport(Report):
+    """The model's outputs on saved inputs against saved expected outputs, per provider."""
+
+    model: str
+    results: list[ProviderResult]
+    not_compared: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.results)
+
+    @property
+    def max_abs(self) -> float:
+        return max((o.diff.max_abs for r in self.results for o in r.outputs), default=0.0)
+
+    @property
+    def max_rel(self) -> float:
+        return max((o.diff.max_rel for r in self.results for o in r.outputs), default=0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "ok": self.ok,
+                "providers": {r.provider: r.to_dict() for r in self.results},
+                "not_compared": list(self.not_compared)}
+
+    _HEAD = ["EP", "output", "shape", "dtype", "abs err", "rel err", "rtol/atol", "status"]
+
+    def _rows(self) -> list[list[str]]:
+        return [[runtime.short_provider(r.provider), o.name,
+                 "x".join(map(str, o.shape)) or "()", o.dtype, fmt_err(o.diff.max_abs),
+                 fmt_err(o.diff.max_rel), f"{fmt_tol(o.rtol)}/{fmt_tol(o.atol)}",
+                 "ok" if o.ok else "FAIL"] for r in self.results for o in r.outputs]
+
+    def summary(self) -> str:
+        where = ", ".join(runtime.short_provider(r.provider) for r in self.results)
+        if self.ok:
+            return f"MATCH: {self.model} reproduces the expected outputs on {where}"
+        return (f"MISMATCH: {self.model} differs from the expected outputs on {where} "
+                f"(max abs err {fmt_err(self.max_abs)}, max rel err {fmt_err(self.max_rel)})")
+
+    def __rich__(self) -> Any:
+        from rich.console import Group
+        from rich.table import Table
+        from rich.text import Text
+
+        table = Table(title="ONNX Runtime vs expected outputs", title_justify="left")
+        for h in self._HEAD:
+            table.add_column(h, justify="right" if "err" in h else "left")
+        for row in self._rows():
+            table.add_row(*row[:-1], Text(row[-1], style="green" if row[-1] == "ok"
+                                          else "bold red"))
+        parts: list[Any] = [table]
+        if self.not_compared:
+            parts.append(Text(f"not compared (no expected value): "
+                              f"{', '.join(self.not_compared)}", style="yellow"))
+        parts.append(Text(self.summary(), style="green" if self.ok else "bold red"))
+        return Group(*parts)
+
+    def to_markdown(self) -> str:
+        lines = [f"# compare-io: {self.model}", "", f"**{self.summary()}**", ""]
+        lines += md_table(self._HEAD, self._rows())
+        if self.not_compared:
+            lines += ["", f"Not compared: {', '.join(self.not_compared)}"]
+        return "\n".join(lines) + "\n"
+
+
+def compare_io(model: Any, inputs: str | Path | Mapping[str, np.ndarray],
+               expected: str | Path | Mapping[str, np.ndarray], *,
+               providers: str | Sequence[str] | None = None, rtol: float | None = None,
+               atol: float | None = None) -> IOReport:
+    """Run ``model`` (a path, ``ModelProto`` or bytes) on ``inputs`` and compare every output
+    named in ``expected`` within the per-dtype tolerances (``rtol``/``atol`` override).
+
+    Inputs are bound by name; a missing, extra or mistyped input, or an expected name the
+    model does not output, is a one-line error (a usage error, not a mismatch).
+    """
+    if isinstance(model, bytes):
+        import onnx
+
+        loaded = runtime.LoadedModel(onnx.load_from_string(model), "<bytes>", _bytes=model)
+    else:
+        loaded = runtime.load_model(model)
+    feeds_in = inputs if isinstance(inputs, Mapping) else load_npz(inputs, "inputs")
+    wanted = expected if isinstance(expected, Mapping) else load_npz(expected, "expected")
+    declared = {i.name: onnx_elem_name(i.type.tensor_type.elem_type)
+                for i in declared_inputs(loaded.proto)}
+    missing = [n for n in declared if n not in feeds_in]
+    extra = [n for n in feeds_in if n not in declared]
+    if missing or extra:
+        parts = ([f"missing {', '.join(missing)}"] if missing else []) + (
+            [f"unknown {', '.join(extra)}"] if extra else [])
+        raise fail(f"the inputs do not fit {loaded.label} (inputs {', '.join(declared)}): "
+                   f"{'; '.join(parts)}")
+    feeds = {n: runtime.to_feed(_as_declared(n, np.asarray(feeds_in[n]), declared[n]))
+             for n in declared}
+    output_names = [o.name for o in loaded.proto.graph.output]
+    unknown = [n for n in wanted if n not in output_names]
+    if unknown:
+        raise fail(f"expected output(s) {', '.join(unknown)} are not outputs of "
+                   f"{loaded.label} (outputs {', '.join(output_names)})")
+    compared = [n for n in output_names if n in wanted]
+    results = []
+    for provider in runtime.resolve_providers(providers):
+        session, session_s = runtime.make_session(loaded.session_source(), provider,
+                                                  loaded.session_config())
+        actual, run_s = runtime.run_session(session, feeds, compared)
+        checks = []
+        for name, got in zip(compared, actual, strict=True):
+            want = np.asarray(wanted[name])
+            r, a = _tolerances(got, want, rtol, atol)
+            c = check_value(got, want, r, a, same_dtype=False)
+            checks.append(OutputCheck(name, list(want.shape), c.dtype, c.rtol, c.atol, c.diff))
+        results.append(ProviderResult(provider, checks, session_s, run_s))
+    return IOReport(loaded.label, results, [n for n in output_names if n not in wanted])
