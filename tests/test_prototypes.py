@@ -470,11 +470,11 @@ def _flux() -> tuple[nn.Module, tuple]:
                            torch.tensor([0.5]), torch.zeros(16, 3), torch.zeros(4, 3))
 
 
-def _sd3() -> tuple[nn.Module, tuple]:
+def _sd3(layers: int = 3) -> tuple[nn.Module, tuple]:
     from diffusers import SD3Transformer2DModel
 
     inner = SD3Transformer2DModel(
-        sample_size=8, patch_size=2, in_channels=4, num_layers=3, attention_head_dim=8,
+        sample_size=8, patch_size=2, in_channels=4, num_layers=layers, attention_head_dim=8,
         num_attention_heads=2, joint_attention_dim=16, caption_projection_dim=16,
         pooled_projection_dim=16, out_channels=4, pos_embed_max_size=16).eval()
 

@@ -69,25 +69,11 @@ def _resnet() -> tuple[nn.Module, tuple]:
 
 
 def _sd3() -> tuple[nn.Module, tuple]:
-    diffusers = pytest.importorskip("diffusers")
+    pytest.importorskip("diffusers")
+    from test_prototypes import _sd3 as sd3
+
     torch.manual_seed(0)
-    inner = diffusers.SD3Transformer2DModel(
-        sample_size=8, patch_size=2, in_channels=4, num_layers=4, attention_head_dim=8,
-        num_attention_heads=2, joint_attention_dim=16, caption_projection_dim=16,
-        pooled_projection_dim=16, out_channels=4, pos_embed_max_size=16).eval()
-
-    class SD3(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.transformer = inner
-
-        def forward(self, hidden, enc, pooled, t):  # type: ignore[no-untyped-def]
-            return self.transformer(hidden_states=hidden, encoder_hidden_states=enc,
-                                    pooled_projections=pooled, timestep=t,
-                                    return_dict=False)[0]
-
-    return SD3().eval(), (torch.randn(1, 4, 8, 8), torch.randn(1, 4, 16), torch.randn(1, 16),
-                          torch.tensor([3.0]))
+    return sd3(layers=4)
 
 
 # model, the weight to plant in, the call that diverges first, a healthy later block
