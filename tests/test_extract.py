@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 
-import hand_hier
 import models
 import numpy as np
 import onnx
@@ -89,7 +88,7 @@ def test_planted_in_a_copied_body_extracts_that_body(gpt2_24, tmp_path, capsys):
     model, args, protos = gpt2_24
     bad = onnx.ModelProto()
     bad.CopyFrom(protos["all"])
-    block = hand_hier.isolate_call(bad, "model.h.17", hand_hier.isolate_call(bad, "model"))
+    block = models.isolate_call(bad, "model.h.17", models.isolate_call(bad, "model"))
     [n for n in block.node if n.op_type == "Add"][-1].op_type = "Sub"
     rep = om.validate(model, args, bad, providers="cpu")
     assert rep.first_mismatch == "model.h.17"
@@ -124,8 +123,8 @@ def test_external_data_weights_come_from_the_models_directory(gpt2_24, tmp_path,
 
 
 def test_weights_stored_outside_need_the_models_path(tmp_path):
-    model, args = hand_hier.net()
-    proto = hand_hier.hierarchical(model, weight_scale={1: 1.5})
+    model, args = models.net()
+    proto = models.hierarchical(model, weight_scale={1: 1.5})
     onnx.save_model(proto, tmp_path / "m.onnx", save_as_external_data=True,
                     location="m.data", size_threshold=0)
     rep = om.validate(model, args, tmp_path / "m.onnx", providers="cpu")
@@ -138,8 +137,8 @@ def test_weights_stored_outside_need_the_models_path(tmp_path):
 
 
 def test_extract_from_a_report_that_matched_and_bad_names(tmp_path):
-    model, args = hand_hier.net()
-    rep = om.validate(model, args, hand_hier.hierarchical(model), providers="cpu")
+    model, args = models.net()
+    rep = om.validate(model, args, models.hierarchical(model), providers="cpu")
     assert rep.ok and rep.localization is None
     with pytest.raises(om.OnnxModularError, match="no module call diverges"):
         rep.extract(tmp_path / "x")
@@ -283,7 +282,7 @@ def test_exported_program_as_the_reference(tmp_path, capsys):
     themselves once more: still one call each, so layers group and calls pair."""
     import torch
 
-    model, args = hand_hier.net()
+    model, args = models.net()
     proto = _scaled(om.export(model, args).model_proto, "layers.1.fc.weight", 1.5)
     rep = om.validate(torch.export.export(model, args), args, proto, providers="cpu")
     assert rep.first_mismatch == "layers.1.fc"

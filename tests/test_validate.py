@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import hand_hier
 import models
 import numpy as np
 import onnx
@@ -201,8 +200,8 @@ def test_no_localization_without_metadata(stack):
     ({"lin_scale": {2: 1.3}}, "layers.2.fc"),      # a nested copied body
 ])
 def test_hierarchical_localization(plant, expected):
-    model, args = hand_hier.net()
-    proto = hand_hier.hierarchical(model, **plant)
+    model, args = models.net()
+    proto = models.hierarchical(model, **plant)
     rep = om.validate(model, args, proto, providers="cpu", localize=True)
     assert rep.ok == (expected is None)
     assert rep.first_mismatch == expected
@@ -211,8 +210,8 @@ def test_hierarchical_localization(plant, expected):
 
 
 def test_probe_names_survive_inlining():
-    model, _ = hand_hier.net()
-    probe = build_probe(hand_hier.hierarchical(model))
+    model, _ = models.net()
+    probe = build_probe(models.hierarchical(model))
     assert [c.call_id for c in probe.calls] == [
         "layers.0", "layers.0.fc", "layers.1", "layers.0.fc", "layers.2", "layers.0.fc"]
     assert [c.exact for c in probe.calls] == [True, False] * 3
@@ -263,17 +262,17 @@ def test_hierarchical_planted_in_function_body(gpt2_hier):
     """An error inside the body of the Conv1D that only model.h.2's c_fc call uses."""
     model, args, proto = gpt2_hier
     bad = _copy(proto)
-    model_fn = hand_hier.isolate_call(bad, "model")
-    block = hand_hier.isolate_call(bad, "model.h.2", model_fn)
-    mlp = hand_hier.isolate_call(bad, "model.h.0.mlp", block)  # shared body: h.0's metadata
-    conv = hand_hier.isolate_call(bad, "model.h.0.mlp.c_fc", mlp)
+    model_fn = models.isolate_call(bad, "model")
+    block = models.isolate_call(bad, "model.h.2", model_fn)
+    mlp = models.isolate_call(bad, "model.h.0.mlp", block)  # shared body: h.0's metadata
+    conv = models.isolate_call(bad, "model.h.0.mlp.c_fc", mlp)
     gemm = next(n for n in conv.node if n.op_type == "Gemm")
     gemm.attribute.append(onnx.helper.make_attribute("alpha", 1.05))
     rep = om.validate(model, args, bad, providers="cpu")
     assert not rep.ok and rep.first_mismatch == "model.h.2.mlp.c_fc"
     # a residual Add turned Sub in the block body that only model.h.1 calls
     bad = _copy(proto)
-    block = hand_hier.isolate_call(bad, "model.h.1", hand_hier.isolate_call(bad, "model"))
+    block = models.isolate_call(bad, "model.h.1", models.isolate_call(bad, "model"))
     [n for n in block.node if n.op_type == "Add"][-1].op_type = "Sub"
     rep = om.validate(model, args, bad, providers="cpu")
     assert not rep.ok and rep.first_mismatch == "model.h.1"
@@ -287,7 +286,7 @@ def test_first_mismatch_is_judged_on_the_same_inputs():
     bad = om.export(model, args).model_proto
     fn = None
     for call_id in ("model", "model.layers.1", "model.layers.0.mlp"):
-        fn = hand_hier.isolate_call(bad, call_id, fn)
+        fn = models.isolate_call(bad, call_id, fn)
     next(n for n in fn.node if n.op_type == "Mul").op_type = "Add"
     rep = om.validate(model, args, bad, providers="cpu")
     assert not rep.ok and rep.first_mismatch == "model.layers.1.mlp"
@@ -426,8 +425,8 @@ def test_values_changed_in_place_are_not_compared():
 def test_localization_of_a_model_with_external_data(tmp_path):
     """Loading reads the data files in, which clears the references in the proto: the probe
     (built from the file's own bytes) must still be told where the data lies."""
-    model, args = hand_hier.net()
-    proto = hand_hier.hierarchical(model, weight_scale={1: 1.5})
+    model, args = models.net()
+    proto = models.hierarchical(model, weight_scale={1: 1.5})
     onnx.save_model(proto, tmp_path / "m.onnx", save_as_external_data=True,
                     location="m.data", size_threshold=0)
     rep = om.validate(model, args, tmp_path / "m.onnx", providers="cpu")

@@ -191,6 +191,6 @@ def compare_io(model: Any, inputs: str | Path | Mapping[str, np.ndarray],
             want = np.asarray(wanted[name])
             r, a = _tolerances(got, want, rtol, atol)
             c = check_value(got, want, r, a, same_dtype=False)
-            checks.append(OutputCheck(name, list(want.shape), c.dtype, c.rtol, c.atol, c.diff))
+            checks.append(OutputCheck.of(name, list(want.shape), c))
         results.append(ProviderResult(provider, checks, session_s, run_s))
     return IOReport(loaded.label, results, [n for n in output_names if n not in wanted])

@@ -171,7 +171,7 @@ def _torch_run(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
 def _check(name: str, actual: np.ndarray, expected: torch.Tensor,
            rtol: float | None, atol: float | None) -> OutputCheck:
     c = check_value(actual, expected, rtol, atol, reference="torch ")
-    return OutputCheck(name, list(expected.shape), c.dtype, c.rtol, c.atol, c.diff)
+    return OutputCheck.of(name, list(expected.shape), c)
 
 
 def _localize(loaded: runtime.LoadedModel, feeds: dict[str, np.ndarray], provider: str,

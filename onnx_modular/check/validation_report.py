@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from onnx_modular._io import atomic_write_text
 from onnx_modular.check.call_stats import HIST_LABELS, CallError, sparkline
-from onnx_modular.check.numerics import Diff
+from onnx_modular.check.numerics import ValueCheck
 from onnx_modular.check.report import Report, md_table
 from onnx_modular.errors import fail
 from onnx_modular.runtime import LoadedModel, short_provider
@@ -27,19 +27,15 @@ __all__ = ["OutputCheck", "ProviderResult", "ValidationReport"]
 
 
 @dataclasses.dataclass
-class OutputCheck:
-    """One model output on one provider against torch."""
+class OutputCheck(ValueCheck):
+    """One model output on one provider against torch: a value check, named and shaped."""
 
-    name: str
-    shape: list[int]
-    dtype: str
-    rtol: float
-    atol: float
-    diff: Diff
+    name: str = ""
+    shape: list[int] = dataclasses.field(default_factory=list)
 
-    @property
-    def ok(self) -> bool:
-        return self.diff.ok
+    @classmethod
+    def of(cls, name: str, shape: list[int], check: ValueCheck) -> OutputCheck:
+        return cls(check.dtype, check.rtol, check.atol, check.diff, name, shape)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "shape": self.shape, "dtype": self.dtype,

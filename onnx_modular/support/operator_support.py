@@ -191,6 +191,15 @@ def _listing(ops: Iterable[OnnxOp]) -> str:
     return ", ".join(op for _, op in sorted(ops))
 
 
+def _listed(node: torch.fx.Node, names: frozenset[str]) -> tuple[torch.fx.Node, str | None]:
+    """The node a list judges (a getitem stands for its producer unless ``getitem`` is
+    listed) and the first of its names on the list, if any."""
+    src = _getitem_source(node)
+    if src is not None and "getitem" not in names:
+        node = src
+    return node, next((n for n in node_op_names(node) if n in names), None)
+
+
 # ---- the support object ----------------------------------------------------------------------
 
 #: node -> (supported, why): every check says why, so previews can tell the user.
@@ -266,10 +275,7 @@ class OperatorSupport:
         allowed, onnx_ops = _name_sets(names)
 
         def decide(node: torch.fx.Node, ctx: SupportContext) -> tuple[bool, str]:
-            src = _getitem_source(node)
-            if src is not None and "getitem" not in allowed:
-                node = src
-            hit = next((n for n in node_op_names(node) if n in allowed), None)
+            node, hit = _listed(node, allowed)
             if hit is not None:
                 return True, f"allowed by '{hit}'"
             if onnx_ops:
@@ -295,10 +301,7 @@ class OperatorSupport:
         denied, onnx_ops = _name_sets(names)
 
         def decide(node: torch.fx.Node, ctx: SupportContext) -> tuple[bool, str]:
-            src = _getitem_source(node)
-            if src is not None and "getitem" not in denied:
-                node = src
-            hit = next((n for n in node_op_names(node) if n in denied), None)
+            node, hit = _listed(node, denied)
             if hit is not None:
                 return False, f"denied by '{hit}'"
             if onnx_ops:
