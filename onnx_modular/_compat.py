@@ -60,6 +60,18 @@ def returns_nothing(target: Any) -> bool:
     return isinstance(target, OpOverload) and not target._schema.returns
 
 
+def is_pure_aten_like(target: Any) -> bool:
+    """An operator overload that mutates nothing (its schema has no ``!`` annotation)."""
+    return isinstance(target, OpOverload) and not target._schema.is_mutable
+
+
+def returns_alias(target: Any) -> bool:
+    """An operator whose result may be a view of an input (``view``, ``transpose``); True for
+    anything that is not an operator overload."""
+    schema = getattr(target, "_schema", None)
+    return schema is None or any(r.alias_info is not None for r in schema.returns)
+
+
 def qualified_name(target: Any) -> str:
     """``torch.fx``'s dotted name of a Python callable target."""
     return torch.fx.node._get_qualified_name(target)
@@ -111,16 +123,32 @@ def _registry(opset: int) -> Any:
     return _EXPORTER[1](opset_version=opset)
 
 
-def torch_onnx_export(program: torch.export.ExportedProgram, opset: int | None) -> Any:
+def torch_onnx_export(program: torch.export.ExportedProgram, opset: int | None,
+                      between: Callable[[torch.export.ExportedProgram],
+                                        torch.export.ExportedProgram] | None = None) -> Any:
     """``torch.onnx.export(program, optimize=False)``, with torchlib's translation table
-    built once per opset (torch.onnx rebuilds it on every call: 0.4 s each)."""
+    built once per opset (torch.onnx rebuilds it on every call: 0.4 s each).
+
+    ``between(decomposed) -> decomposed`` runs between torch.onnx's two steps,
+    decomposition and translation (``lower/repeats.py`` expands repeated calls there)."""
     if _EXPORTER is None:
+        if between is not None:
+            raise NotImplementedError("this torch.onnx has no separate decomposition step")
         return torch.onnx.export(program, dynamo=True, optimize=False, opset_version=opset,
                                  verbose=False)
     opset = default_opset() if opset is None else opset
     registry = _registry(max(opset, torchlib_opset()))
-    return _EXPORTER[0](program, registry=registry, optimize=False, opset_version=opset,
-                        verbose=False)
+    if between is None:
+        return _EXPORTER[0](program, registry=registry, optimize=False, opset_version=opset,
+                            verbose=False)
+    from torch.onnx._internal._lazy_import import onnxscript_apis
+    from torch.onnx._internal.exporter import _core
+
+    decomposed = between(_core._prepare_exported_program_for_export(program,
+                                                                     registry=registry))
+    onnx_program = _core._exported_program_to_onnx_program(decomposed, registry=registry)
+    onnx_program.model = onnxscript_apis.convert_version(onnx_program.model, opset)
+    return onnx_program
 
 
 def torchlib_onnx_ops(op_name: str) -> frozenset[str] | None:

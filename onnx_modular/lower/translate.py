@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import re
+from typing import Any
 
 import onnx
 import onnx.version_converter
@@ -22,6 +23,7 @@ import torch
 from onnx_modular._compat import quiet_libraries, torch_onnx_export
 from onnx_modular.diagnostics import DiagnosticContext, Location
 from onnx_modular.errors import rules
+from onnx_modular.lower import repeats
 from onnx_modular.metadata import NO_MODULE, STACK_TRACE
 
 # torchlib's opset: below it torch.onnx converts the model down, dropping node metadata.
@@ -147,11 +149,14 @@ def _node_in_tracebacks(causes: list[BaseException], name: str) -> torch.fx.Node
 
 
 def translate(program: torch.export.ExportedProgram, *, opset: int | None = None,
-              ctx: DiagnosticContext | None = None) -> Translation:
+              ctx: DiagnosticContext | None = None, once: bool = True) -> Translation:
+    """``once``: decompose each distinct module call once (:mod:`.repeats`)."""
     ctx = ctx if ctx is not None else DiagnosticContext()
     try:
         with quiet_torch_onnx():
-            onnx_program = torch_onnx_export(program, opset)
+            onnx_program = _translate_once(program, opset) if once else None
+            if onnx_program is None:
+                onnx_program = torch_onnx_export(program, opset)
     except Exception as e:
         detail, location = _failure(e, program)
         raise ctx.error(rules.TRANSLATION, location, reason=(
@@ -166,6 +171,21 @@ def translate(program: torch.export.ExportedProgram, *, opset: int | None = None
             f"{reached}): {_conversion_failure(onnx_program.model, opset)}"))
     stable_stack_traces(onnx_program.model)
     return Translation(onnx_program.model, onnx_program.exported_program)
+
+
+def _translate_once(program: torch.export.ExportedProgram, opset: int | None) -> Any:
+    """torch.onnx's export with repeated calls decomposed once; None when nothing repeats or
+    this torch.onnx cannot be split into its two steps."""
+    reduced = repeats.reduce(program)
+    if reduced is None:
+        return None
+    program, plan = reduced
+    try:
+        return torch_onnx_export(program, opset, between=lambda d: repeats.expand(d, plan))
+    except NotImplementedError:
+        return None
+    finally:
+        plan.release()
 
 
 _GENERATED_FILE = re.compile(r"<eval_with_key>\.\d+")
