@@ -431,3 +431,20 @@ def test_localization_of_a_model_with_external_data(tmp_path):
                     location="m.data", size_threshold=0)
     rep = om.validate(model, args, tmp_path / "m.onnx", providers="cpu")
     assert not rep.ok and rep.first_mismatch == "layers.1.fc"
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_localization_asked_up_front_matches_one_asked_later(stack, broken: bool) -> None:
+    """localize=True builds the probe on a thread beside the plain check (unfused for a
+    passing model, fused anew for a failing one); the verdict is the one asked later."""
+    model, args, proto = stack
+    if broken:
+        proto = _scale_initializer(proto, "layers.2.fc.weight", 1.5)
+    early = om.validate(model, args, proto, providers="cpu", localize=True)
+    late = om.validate(model, args, proto, providers="cpu", localize=False)
+    assert late.localization is None
+    late.relocalize()
+    assert early.ok == late.ok == (not broken)
+    assert early.localization == late.localization
+    assert early.localization.calls_checked > 0
+    assert early.first_mismatch == ("layers.2.fc" if broken else None)

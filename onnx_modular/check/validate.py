@@ -11,6 +11,7 @@ judged in :mod:`~onnx_modular.check.numerics`, and the report rendered in
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -22,7 +23,14 @@ from onnx_modular import runtime
 from onnx_modular._compat import tree_leaves
 from onnx_modular._util import gc_paused
 from onnx_modular.check.inputs import as_args, bind_inputs, leaves
-from onnx_modular.check.localize import Localization, TorchCall, build_probe, judge, record_calls
+from onnx_modular.check.localize import (
+    Localization,
+    Probe,
+    TorchCall,
+    build_probe,
+    judge,
+    record_calls,
+)
 from onnx_modular.check.numerics import check_tolerances, check_value
 from onnx_modular.check.validation_report import OutputCheck, ProviderResult, ValidationReport
 from onnx_modular.diagnostics import OnnxModularError
@@ -81,6 +89,8 @@ def _validate(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
     else:
         expected, _ = _torch_run(model, args, kwargs, record=False)
     torch_s = time.perf_counter() - start
+    # Asked for up front, the probe is built while the plain session is
+    advance = _ProbeInAdvance(loaded, chosen[-1]) if localize is True and chosen else None
 
     output_names = [o.name for o in loaded.proto.graph.output]
     if expected and all(t.numel() == 0 for t in expected):
@@ -123,8 +133,9 @@ def _validate(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
         # A model that failed may fail through a fusion: its probe gets ORT's fusions too.
         # One that passed is localized on demand: the probe then skips them (faster to build).
         with gc_paused():
+            ready = advance.take(provider, fuse=bool(failing)) if advance else None
             report.localization = _localize(loaded, feeds, provider, calls, rtol, atol,
-                                            fuse=bool(failing))
+                                            fuse=bool(failing), ready=ready)
         report.localization_provider = provider
         calls = None  # the localization's evidence holds them now
         return report.localization
@@ -174,22 +185,80 @@ def _check(name: str, actual: np.ndarray, expected: torch.Tensor,
     return OutputCheck.of(name, list(expected.shape), c)
 
 
+class _ProbeInAdvance:
+    """The probe and its session, built on a thread while the plain session is built.
+
+    ONNX Runtime lets go of the GIL while it builds a session, so on two cores the probe's
+    Python inlining and its session overlap the plain session (``scripts/bench_validate.py``).
+    Started after the torch run: its hooks would fight the inlining for the GIL, and torch's
+    threads wait on a core that ORT keeps busy. Built without fusions, for a passing model;
+    a failing one gets a fused session anew.
+    """
+
+    def __init__(self, loaded: runtime.LoadedModel, provider: str) -> None:
+        self.provider = provider
+        self._loaded = loaded
+        self._probe: Probe | None = None
+        self._session: Any = None
+        self._error: BaseException | None = None  # raised by the session, not the probe
+        self._probe_error: Exception | None = None
+        self._thread = threading.Thread(target=self._build, name="onnx_modular-probe",
+                                        daemon=True)
+        self._thread.start()
+
+    def _build(self) -> None:
+        try:
+            self._probe = build_probe(self._loaded.proto, self._loaded.model_bytes())
+        except Exception as exc:
+            self._probe_error = exc
+            return
+        if self._probe.kind == "none":
+            return
+        try:
+            self._session, _ = runtime.make_session(
+                self._probe.model_bytes, self.provider, self._loaded.session_config(),
+                fuse=False)
+        except BaseException as exc:
+            self._error = exc
+
+    def take(self, provider: str, fuse: bool
+             ) -> tuple[Probe | None, Any, Exception | None] | None:
+        """(probe, session or None, why the probe could not be built) once built; None
+        when it was built for another provider."""
+        self._thread.join()
+        if provider != self.provider:
+            return None
+        if self._error is not None:
+            raise self._error
+        if fuse and self._probe is not None and self._probe.kind != "none":
+            return self._probe, None, None  # the probe stands; its session is made again
+        return self._probe, self._session, self._probe_error  # type: ignore[return-value]
+
+
 def _localize(loaded: runtime.LoadedModel, feeds: dict[str, np.ndarray], provider: str,
               calls: list[TorchCall] | None, rtol: float | None,
-              atol: float | None, fuse: bool = True) -> Localization:
+              atol: float | None, fuse: bool = True,
+              ready: tuple[Probe | None, Any, Exception | None] | None = None
+              ) -> Localization:
     """One ORT session on the inlined model with every call output exposed."""
     if not calls:
         return Localization("none", 0, [], None, "the torch model has no submodule calls")
-    try:
-        probe = build_probe(loaded.proto, loaded.model_bytes())
-    except Exception as exc:
+    probe, session, error = ready if ready is not None else (None, None, None)
+    if probe is None and error is None:
+        try:
+            probe = build_probe(loaded.proto, loaded.model_bytes())
+        except Exception as exc:
+            error = exc
+    if probe is None:
+        assert error is not None
         return Localization("none", 0, [], None,
-                            f"could not inline the model: {runtime.first_line(exc)}")
+                            f"could not inline the model: {runtime.first_line(error)}")
     if probe.kind == "none":
         return Localization("none", 0, [], None, probe.note or
                             "the ONNX model carries no module metadata to localize with")
-    session, _ = runtime.make_session(probe.model_bytes, provider, loaded.session_config(),
-                                      fuse=fuse)
+    if session is None:
+        session, _ = runtime.make_session(probe.model_bytes, provider,
+                                          loaded.session_config(), fuse=fuse)
     names = [o.name for o in session.get_outputs()]
     values, _ = runtime.run_session(session, feeds)
     return judge(probe, {**feeds, **dict(zip(names, values, strict=True))}, calls, rtol, atol)
