@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import onnx
 from google.protobuf.descriptor import FieldDescriptor
-from onnx.external_data_helper import load_external_data_for_model
+from onnx.external_data_helper import ExternalDataInfo
 
 from onnx_modular.diagnostics import OnnxModularError
 from onnx_modular.errors import fail, rules
@@ -158,6 +158,30 @@ def _external_files(proto: onnx.ModelProto) -> set[str]:
     return names
 
 
+def _check_external_data(proto: onnx.ModelProto, folder: Path) -> None:
+    """Every external weight's file is a plain file in ``folder`` and holds its bytes."""
+    sizes: dict[str, int] = {}
+    for init in proto.graph.initializer:
+        if init.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = ExternalDataInfo(init)
+        location = Path(info.location)
+        if location.is_absolute() or ".." in location.parts:
+            raise ValueError(f"weight '{init.name}' names data outside the model's folder "
+                             f"({info.location})")
+        if info.location not in sizes:
+            file = folder / location
+            if not file.is_file():
+                raise FileNotFoundError(f"the data file '{info.location}' of weight "
+                                        f"'{init.name}' is not beside the model")
+            sizes[info.location] = file.stat().st_size
+        end = (info.offset or 0) + (info.length or 0)
+        if end > sizes[info.location]:
+            raise ValueError(f"the data file '{info.location}' ends at byte "
+                             f"{sizes[info.location]}, before weight '{init.name}' does "
+                             f"({end}): truncated")
+
+
 def load_model(onnx_model: Any, what: str = "ONNX model") -> LoadedModel:
     """A path, an ``onnx.ModelProto`` or anything with ``.model_proto`` (an export result).
 
@@ -180,8 +204,9 @@ def load_model(onnx_model: Any, what: str = "ONNX model") -> LoadedModel:
         try:
             proto = onnx.load(str(path), load_external_data=False)
             external = frozenset(_external_files(proto))
-            if external:  # from the model's folder, whatever the current directory
-                load_external_data_for_model(proto, str(path.parent))
+            # checked, not read: ORT reads the weights itself; a copy here would be one
+            # more copy of every weight in memory (validate peaked at 4x the weights)
+            _check_external_data(proto, path.parent)
         except Exception as exc:  # DecodeError, missing external data, ...
             raise fail(f"cannot read {what} '{path}': not a valid ONNX file "
                        f"({first_line(exc)})") from exc

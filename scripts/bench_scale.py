@@ -6,6 +6,7 @@ Each side runs in a fresh process (peak RSS is per process); figures are printed
     python scripts/bench_scale.py                         # small: fits CI's machine
     python scripts/bench_scale.py --hidden 2048 --layers 22 --intermediate 5632 \\
         --heads 32 --kv-heads 4 --vocab 32000             # TinyLlama's shape, 1.1 B params
+    python scripts/bench_scale.py --memory ...            # peak RSS of validate and split
 """
 
 from __future__ import annotations
@@ -45,6 +46,18 @@ def child(side: str, args: argparse.Namespace, out: Path) -> None:
     model, inputs = build(args)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     start = time.perf_counter()
+    if side in ("validate", "split"):
+        import onnx_modular as om
+
+        if side == "validate":
+            report = om.validate(model, inputs, args.model, providers="cpu", localize=True)
+            assert report.ok, report.summary()
+        else:
+            om.split_stages(model, inputs, num_stages=2).save(out / "parts")
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        print(json.dumps({"seconds": time.perf_counter() - start, "peak_rss": peak,
+                          "weights": weights}))
+        return
     if side == "ours":
         import onnx_modular as om
 
@@ -75,15 +88,28 @@ def dd_speed(directory: Path, size: int) -> float:
     return count * block / seconds
 
 
-def run_side(side: str, argv: list[str], directory: Path) -> dict[str, float]:
+def run_side(side: str, argv: list[str], directory: Path, keep: bool = False
+             ) -> dict[str, float]:
     out = directory / side
     out.mkdir()
     proc = subprocess.run([sys.executable, __file__, "--child", side, "--out", str(out),
                            *argv], capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         sys.exit(f"{side} failed:\n{proc.stderr[-3000:]}")
-    shutil.rmtree(out)
+    if not keep:
+        shutil.rmtree(out)
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def memory(argv: list[str], directory: Path) -> None:
+    """Peak RSS of om.validate (localize=True) of the saved export, and of split_stages
+    into two stages + save, each in a fresh process, over the weights' bytes."""
+    run_side("ours", argv, directory, keep=True)
+    model = str(directory / "ours" / "model.onnx")
+    for side, extra in (("validate", ["--model", model]), ("split", [])):
+        r = run_side(side, [*argv, *extra], directory)
+        print(f"  {side:9s} {r['seconds']:7.1f} s  peak RSS {r['peak_rss'] / 1e9:5.2f} GB "
+              f"({r['peak_rss'] / r['weights']:.2f}x weights)")
 
 
 def main() -> None:
@@ -95,15 +121,22 @@ def main() -> None:
     parser.add_argument("--kv-heads", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=4000)
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
-    parser.add_argument("--child", choices=["ours", "torch"], help=argparse.SUPPRESS)
+    parser.add_argument("--memory", action="store_true",
+                        help="peak RSS of validate and split_stages instead")
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=["ours", "torch", "validate", "split"],
+                        help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.child, args, Path(args.out))
         return
-    argv = [a for a in sys.argv[1:]]
+    argv = [a for a in sys.argv[1:] if a != "--memory"]
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         directory = Path(tmp)
+        if args.memory:
+            memory(argv, directory)
+            return
         ours = run_side("ours", argv, directory)
         theirs = run_side("torch", argv, directory)
         disk = dd_speed(directory, int(ours["bytes"]))

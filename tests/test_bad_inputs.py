@@ -19,6 +19,7 @@ from onnx import TensorProto, helper
 from torch import nn
 
 import onnx_modular as om
+from onnx_modular import runtime as _ort
 from onnx_modular import _io, _util
 from onnx_modular.cli import main
 
@@ -130,6 +131,38 @@ def test_a_proto_naming_external_data_without_a_file_is_refused(net: Path, tmp_p
                        "path") as info:
         om.validate(source.reference(), (x,), proto, providers="cpu")
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated", "outside"])
+def test_external_data_is_checked_when_the_model_is_read_not_loaded(
+        net: Path, tmp_path: Path, damage: str) -> None:
+    """The weights stay on disk for ONNX Runtime to read (no copy in memory), but a missing,
+    short or escaping data file still fails before the torch model runs."""
+    import net as source
+
+    x = torch.randn(2, 64)
+    path = tmp_path / "m.onnx"
+    om.export(source.reference(), (x,)).save(path, external_data_threshold=0)
+    (data,) = [p for p in tmp_path.iterdir() if p.suffix == ".data"]
+    loaded = _ort.load_model(path)
+    external = [i for i in loaded.proto.graph.initializer
+                if i.data_location == onnx.TensorProto.EXTERNAL]
+    assert external and not any(i.raw_data for i in external)  # not read into the proto
+    if damage == "missing":
+        data.unlink()
+    elif damage == "truncated":
+        data.write_bytes(data.read_bytes()[:-1000])
+    else:
+        proto = onnx.load(str(path), load_external_data=False)
+        (first, *_) = [i for i in proto.graph.initializer if i.external_data]
+        for entry in first.external_data:
+            if entry.key == "location":
+                entry.value = "../" + entry.value
+        onnx.save(proto, str(path))
+    why = {"missing": "is not beside the model", "truncated": "truncated",
+           "outside": "outside the model's folder"}[damage]
+    with pytest.raises(om.OnnxModularError, match=f"not a valid ONNX file .*{why}"):
+        om.validate(source.reference(), (x,), str(path), providers="cpu")
 
 
 @pytest.mark.parametrize("bad", [math.nan, -1.0, math.inf, -0.5, "1e-3", True])

@@ -89,8 +89,10 @@ def _validate(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
     else:
         expected, _ = _torch_run(model, args, kwargs, record=False)
     torch_s = time.perf_counter() - start
-    # Asked for up front, the probe is built while the plain session is
-    advance = _ProbeInAdvance(loaded, chosen[-1]) if localize is True and chosen else None
+    # Asked for up front, the probe is built while the plain session is; not for a large
+    # model, whose two sessions would hold every weight twice at once
+    advance = _ProbeInAdvance(loaded, chosen[-1]) \
+        if localize is True and chosen and loaded.size_bytes < _CONCURRENT_PROBE_BYTES else None
 
     output_names = [o.name for o in loaded.proto.graph.output]
     if expected and all(t.numel() == 0 for t in expected):
@@ -116,6 +118,7 @@ def _validate(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
             skipped[provider] = exc.diagnostic.message
             continue
         actual, run_s = runtime.run_session(session, feeds)
+        del session  # its copy of the weights goes before the next session's comes
         checks = [_check(name, a, e, rtol, atol)
                   for name, a, e in zip(output_names, actual, expected, strict=True)]
         results.append(ProviderResult(provider, checks, session_s, run_s))
@@ -183,6 +186,10 @@ def _check(name: str, actual: np.ndarray, expected: torch.Tensor,
            rtol: float | None, atol: float | None) -> OutputCheck:
     c = check_value(actual, expected, rtol, atol, reference="torch ")
     return OutputCheck.of(name, list(expected.shape), c)
+
+
+#: Above this, the probe session is built after the plain one is gone (memory over speed).
+_CONCURRENT_PROBE_BYTES = 512 * 2**20
 
 
 class _ProbeInAdvance:
