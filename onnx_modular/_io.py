@@ -16,6 +16,7 @@ import secrets
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import onnx
 import onnx_ir as ir
@@ -110,6 +111,84 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def encode_varint(value: int) -> bytes:
+    """A protobuf varint."""
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _key(number: int) -> bytes:  # a length-delimited field's key
+    return encode_varint(number << 3 | 2)
+
+
+_MODEL_GRAPH, _GRAPH_INITIALIZER, _TENSOR_RAW_DATA = 7, 5, 9
+
+
+def write_inline(model: ir.Model, file: BinaryIO) -> None:
+    """``model`` with its weights inside, written one weight at a time.
+
+    Serializing the whole model first holds every weight twice more (the proto, then its
+    bytes). Protobuf merges a message field that appears twice, so the file is the model
+    without initializers followed by a second ``graph`` field holding only them, each
+    written as its header and then its bytes straight from the tensor. ``onnx.load`` and
+    ONNX Runtime read the very model ``ir.save`` writes.
+    """
+    graph = model.graph
+    values = list(graph.initializers.values())
+    if not values or any(v.const_value is None or v.const_value.dtype == ir.DataType.STRING
+                         for v in values):
+        file.write(ir.serde.serialize_model(model).SerializeToString())
+        return
+    for value in values:
+        graph.initializers.pop(str(value.name))
+    try:
+        head = ir.serde.serialize_model(model).SerializeToString()
+    finally:
+        for value in values:
+            graph.initializers[str(value.name)] = value
+    # ir.save also describes the initializers that are not graph inputs in value_info
+    inputs = {v.name for v in graph.inputs}
+    described = onnx.GraphProto()
+    for value in values:
+        if value.name not in inputs and value.name and (
+                value.shape is not None or value.type is not None or value.metadata_props
+                or value.doc_string):
+            ir.serde.serialize_value_into(described.value_info.add(), value)
+    value_info = described.SerializeToString()
+    headers: list[bytes] = []
+    total = len(value_info)
+    for value in values:
+        tensor = value.const_value
+        assert tensor is not None
+        proto = onnx.TensorProto(name=value.name, data_type=tensor.dtype.value,
+                                 dims=[int(d) for d in tensor.shape])
+        if tensor.doc_string:
+            proto.doc_string = tensor.doc_string
+        for key, text in tensor.metadata_props.items():
+            proto.metadata_props.add(key=key, value=text)
+        header = proto.SerializeToString() + _key(_TENSOR_RAW_DATA) + \
+            encode_varint(tensor.nbytes)
+        headers.append(header)
+        size = len(header) + tensor.nbytes
+        total += len(_key(_GRAPH_INITIALIZER)) + len(encode_varint(size)) + size
+    file.write(head)
+    file.write(_key(_MODEL_GRAPH) + encode_varint(total) + value_info)
+    for value, header in zip(values, headers, strict=True):
+        tensor = value.const_value
+        assert tensor is not None
+        size = len(header) + tensor.nbytes
+        file.write(_key(_GRAPH_INITIALIZER) + encode_varint(size) + header)
+        file.flush()
+        tensor.tofile(file)
+
+
 def _initializer_bytes(model: ir.Model) -> int:
     return sum(v.const_value.nbytes for v in model.graph.initializers.values()
                if v.const_value is not None)
@@ -139,8 +218,8 @@ def save_model(model: ir.Model, path: str | os.PathLike[str], *,
     """
     target = check_writable(path)
     if _initializer_bytes(model) <= external_data_threshold:
-        with atomic_path(target) as tmp:
-            ir.save(model, tmp)
+        with atomic_path(target) as tmp, open(tmp, "wb") as file:
+            write_inline(model, file)
         return
     directory = target.parent if str(target.parent) else Path(".")
     previous = external_data_files(target) if target.is_file() else set()

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 import onnx
 import pytest
@@ -19,8 +20,8 @@ from onnx import TensorProto, helper
 from torch import nn
 
 import onnx_modular as om
-from onnx_modular import runtime as _ort
 from onnx_modular import _io, _util
+from onnx_modular import runtime as _ort
 from onnx_modular.cli import main
 
 NET = """
@@ -294,15 +295,16 @@ def test_disk_full_writing_sarif_after_the_model(net: Path, tmp_path: Path, monk
 def test_disk_full_during_split_leaves_no_directory(net: Path, tmp_path: Path, monkeypatch,
                                                     capsys) -> None:
     calls = {"n": 0}
-    real = _io.ir.save
+    real = _io.write_inline
 
-    def full_on_second(*args: object, **kwargs: object) -> None:
+    def full_on_second(model: object, file: Any) -> None:
         calls["n"] += 1
         if calls["n"] == 2:
+            file.write(b"\x00" * 100)  # the disk fills part way through the second part
             raise OSError(errno.ENOSPC, "No space left on device")
-        real(*args, **kwargs)
+        real(model, file)
 
-    monkeypatch.setattr(_io.ir, "save", full_on_second)
+    monkeypatch.setattr(_io, "write_inline", full_on_second)
     assert main(["split", "net:reference", "--input", "2x64", "--split-points", "b",
                  "-o", str(tmp_path / "parts")]) == 2
     assert "no space left" in _one_line(capsys.readouterr().err)

@@ -15,6 +15,7 @@ from typing import Any
 import onnx_ir as ir
 import torch
 
+from onnx_modular._compat import quiet_loggers
 from onnx_modular.diagnostics import DiagnosticContext
 from onnx_modular.emit.outline import merge_equal_functions
 from onnx_modular.errors import rules
@@ -49,9 +50,35 @@ class RegionGraph:
 
 
 def copy_model(model: ir.Model) -> ir.Model:
-    """A deep copy (the translation stays untouched), with local functions inlined."""
-    proto = ir.serde.serialize_model(model)
-    copy = ir.serde.deserialize_model(proto)
+    """A deep copy (the translation stays untouched), with local functions inlined.
+
+    The weights are not copied: the copy's initializers hold the same tensors (nothing
+    writes into a tensor; a pass that changes a weight makes a new one). A round trip
+    with them would hold every weight twice more, as a proto and as its tensors.
+    """
+    graph = model.graph
+    weights = list(graph.initializers.values())
+    for value in weights:
+        graph.initializers.pop(str(value.name))
+    try:
+        proto = ir.serde.serialize_model(model)
+    finally:
+        for value in weights:
+            graph.initializers[str(value.name)] = value
+    with quiet_loggers("onnx_ir"):  # the weights' names are not defined in the proto
+        copy = ir.serde.deserialize_model(proto)
+    readers: dict[str, ir.Value] = {v.name or "": v for v in copy.graph.inputs}
+    for node in ir.traversal.RecursiveGraphIterator(copy.graph):
+        for value in node.inputs:
+            if value is not None and value.name and value.producer() is None:
+                readers.setdefault(value.name, value)
+    for original in weights:
+        name = str(original.name)
+        value = readers.get(name) or ir.Value(name=name)
+        value.type, value.shape = original.type, original.shape
+        value.const_value = original.const_value
+        value.metadata_props.update(original.metadata_props)
+        copy.graph.initializers[name] = value
     if copy.functions:
         ir.passes.common.InlinePass()(copy)
     return copy
