@@ -209,9 +209,9 @@ class _ProbeInAdvance:
         self._session: Any = None
         self._error: BaseException | None = None  # raised by the session, not the probe
         self._probe_error: Exception | None = None
-        self._thread = threading.Thread(target=self._build, name="onnx_modular-probe",
+        self._worker = threading.Thread(target=self._build, name="onnx_modular-probe",
                                         daemon=True)
-        self._thread.start()
+        self._worker.start()
 
     def _build(self) -> None:
         try:
@@ -232,7 +232,7 @@ class _ProbeInAdvance:
              ) -> tuple[Probe | None, Any, Exception | None] | None:
         """(probe, session or None, why the probe could not be built) once built; None
         when it was built for another provider."""
-        self._thread.join()
+        self._worker.join()
         if provider != self.provider:
             return None
         if self._error is not None:
