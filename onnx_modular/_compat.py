@@ -141,8 +141,12 @@ def torch_onnx_export(program: torch.export.ExportedProgram, opset: int | None,
     if between is None:
         return _EXPORTER[0](program, registry=registry, optimize=False, opset_version=opset,
                             verbose=False)
-    from torch.onnx._internal._lazy_import import onnxscript_apis
     from torch.onnx._internal.exporter import _core
+
+    steps = ("_prepare_exported_program_for_export", "_exported_program_to_onnx_program")
+    if not all(hasattr(_core, step) for step in steps):
+        raise NotImplementedError("this torch.onnx has no separate decomposition step")
+    from torch.onnx._internal._lazy_import import onnxscript_apis
 
     decomposed = between(_core._prepare_exported_program_for_export(program,
                                                                      registry=registry))
