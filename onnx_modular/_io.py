@@ -131,6 +131,20 @@ def _key(number: int) -> bytes:  # a length-delimited field's key
 _MODEL_GRAPH, _GRAPH_INITIALIZER, _TENSOR_RAW_DATA = 7, 5, 9
 
 
+def proto_without_initializers(model: ir.Model) -> onnx.ModelProto:
+    """``model``'s proto without its graph's initializers (and so without copying a weight);
+    the model is left as it was."""
+    graph = model.graph
+    values = list(graph.initializers.values())
+    for value in values:
+        graph.initializers.pop(str(value.name))
+    try:
+        return ir.serde.serialize_model(model)
+    finally:
+        for value in values:
+            graph.initializers[str(value.name)] = value
+
+
 def write_inline(model: ir.Model, file: BinaryIO) -> None:
     """``model`` with its weights inside, written one weight at a time.
 
@@ -146,13 +160,7 @@ def write_inline(model: ir.Model, file: BinaryIO) -> None:
                          for v in values):
         file.write(ir.serde.serialize_model(model).SerializeToString())
         return
-    for value in values:
-        graph.initializers.pop(str(value.name))
-    try:
-        head = ir.serde.serialize_model(model).SerializeToString()
-    finally:
-        for value in values:
-            graph.initializers[str(value.name)] = value
+    head = proto_without_initializers(model).SerializeToString()
     # ir.save also describes the initializers that are not graph inputs in value_info
     inputs = {v.name for v in graph.inputs}
     described = onnx.GraphProto()

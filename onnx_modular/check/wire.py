@@ -13,6 +13,8 @@ from collections.abc import Iterator
 
 import onnx
 
+from onnx_modular._io import encode_varint
+
 _MODEL_GRAPH = 7  # ModelProto.graph
 _GRAPH_INITIALIZER = 5  # GraphProto.initializer
 _GRAPH_SPARSE_INITIALIZER = 15  # GraphProto.sparse_initializer
@@ -27,18 +29,6 @@ def _varint(buf: bytes, pos: int) -> tuple[int, int]:
         if byte < 0x80:
             return result, pos
         shift += 7
-
-
-def _encode_varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
 
 
 def _fields(buf: bytes, start: int, end: int) -> Iterator[tuple[int, int, int, int]]:
@@ -64,7 +54,7 @@ def _fields(buf: bytes, start: int, end: int) -> Iterator[tuple[int, int, int, i
 
 
 def _length_delimited(number: int, payload: bytes) -> bytes:
-    return _encode_varint(number << 3 | 2) + _encode_varint(len(payload)) + payload
+    return encode_varint(number << 3 | 2) + encode_varint(len(payload)) + payload
 
 
 def initializer_patch(model_bytes: bytes) -> bytes:

@@ -16,6 +16,7 @@ import onnx_ir as ir
 import torch
 
 from onnx_modular._compat import quiet_loggers
+from onnx_modular._io import proto_without_initializers
 from onnx_modular.diagnostics import DiagnosticContext
 from onnx_modular.emit.outline import merge_equal_functions
 from onnx_modular.errors import rules
@@ -56,15 +57,8 @@ def copy_model(model: ir.Model) -> ir.Model:
     writes into a tensor; a pass that changes a weight makes a new one). A round trip
     with them would hold every weight twice more, as a proto and as its tensors.
     """
-    graph = model.graph
-    weights = list(graph.initializers.values())
-    for value in weights:
-        graph.initializers.pop(str(value.name))
-    try:
-        proto = ir.serde.serialize_model(model)
-    finally:
-        for value in weights:
-            graph.initializers[str(value.name)] = value
+    weights = list(model.graph.initializers.values())
+    proto = proto_without_initializers(model)
     with quiet_loggers("onnx_ir"):  # the weights' names are not defined in the proto
         copy = ir.serde.deserialize_model(proto)
     readers: dict[str, ir.Value] = {v.name or "": v for v in copy.graph.inputs}

@@ -217,7 +217,6 @@ class Repeats:
 
     representative_keys: dict[int, str] = dataclasses.field(default_factory=dict)
     repeats: list[_Repeat] = dataclasses.field(default_factory=list)  # by member number
-    replaced_calls: int = 0
     #: the input specs before weights used only by opaque nodes were taken out, and the
     #: placeholders of those weights (put back by ``expand``)
     input_specs: list[InputSpec] = dataclasses.field(default_factory=list)
@@ -312,7 +311,6 @@ def reduce(program: torch.export.ExportedProgram
                 previous = item
             for dead in reversed(call.nodes):
                 graph.erase_node(dead)
-            plan.replaced_calls += 1
     plan.input_specs = list(program.graph_signature.input_specs)
     specs = _strip_weights(graph, plan)
     return _with_graph(program, graph, renamed, specs), plan
