@@ -21,6 +21,7 @@ from typing import BinaryIO
 import onnx
 import onnx_ir as ir
 
+from onnx_modular._compat import ir_save_external
 from onnx_modular.errors import fail
 
 TWO_GB = 2 * 1024**3
@@ -237,7 +238,7 @@ def save_model(model: ir.Model, path: str | os.PathLike[str], *,
     try:
         staging.mkdir()
         staged = staging / target.name
-        ir.save(model, staged, external_data=data_name)
+        ir_save_external(model, staged, data_name)
         os.replace(staging / data_name, directory / data_name)
         try:
             with atomic_path(target) as tmp:

@@ -60,6 +60,12 @@ def first_line(exc: BaseException) -> str:
 
 # ---- loading ---------------------------------------------------------------------------------
 
+#: A model this large gets one-run sessions that do not prepack their weights (see
+#: ``make_session``): ORT maps an external data file instead of holding a private copy of
+#: it beside torch's, and a check builds one session at a time.
+LARGE_MODEL_BYTES = 512 * 2**20
+
+
 @dataclasses.dataclass
 class LoadedModel:
     """A model and where it came from; ``path`` lets ORT find external data beside it.
@@ -87,6 +93,11 @@ class LoadedModel:
                     total += ext.stat().st_size
             return total
         return self.proto.ByteSize()
+
+    @property
+    def large(self) -> bool:
+        """Checked for memory over speed (see ``LARGE_MODEL_BYTES``)."""
+        return self.size_bytes >= LARGE_MODEL_BYTES
 
     @property
     def has_external_data(self) -> bool:
@@ -279,7 +290,8 @@ def short_provider(name: str) -> str:
 
 def make_session(source: str | bytes, providers: str | Sequence[str],
                  config: dict[str, str] | None = None,
-                 what: str = "the model", fuse: bool = True) -> tuple[Any, float]:
+                 what: str = "the model", fuse: bool = True,
+                 prepack: bool = True) -> tuple[Any, float]:
     """An ORT session and its build time: the one way the package creates sessions.
 
     ``providers``: one provider (CPU is added as fallback for nodes it lacks) or the whole
@@ -287,6 +299,11 @@ def make_session(source: str | bytes, providers: str | Sequence[str],
     provider cannot start, and a check on CUDA that ran on CPU would prove nothing.
     ``fuse=False`` keeps ORT to its basic, semantics-preserving rewrites (no fusions): a
     session built for one run (the localization probe) is made in ~60% of the time.
+    ``prepack=False``: weights are used where they lie instead of being packed for the CPU's
+    GEMM up front: ORT maps an external data file rather than copying it, so a large
+    model's session holds no private copy of its weights and is made in a fraction of the
+    time (2.3 GB Llama: 0.1 s instead of 5 s, 30 MB private instead of 1.9 GB); each run
+    packs as it goes (outputs differ in the last bits, ~1e-6 relative).
     """
     import onnxruntime as ort
 
@@ -294,6 +311,8 @@ def make_session(source: str | bytes, providers: str | Sequence[str],
     options.log_severity_level = 3
     if not fuse:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    if not prepack:
+        options.add_session_config_entry("session.disable_prepacking", "1")
     for key, value in (config or {}).items():
         options.add_session_config_entry(key, value)
     if isinstance(providers, str):

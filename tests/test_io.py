@@ -187,3 +187,50 @@ def test_inputs_that_do_not_fit_fail_before_anything_is_written(tmp_path: Path) 
                        r"\[module 'fc', node 'linear', .*test_io\.py:\d+\]"):
         om.export(Two(1.0).eval(), (torch.randint(0, 5, (2, 16)),))
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("threshold", [0, _io.TWO_GB])
+def test_folded_transposed_weights_are_written_in_c_order(threshold: int,
+                                                          tmp_path: Path) -> None:
+    """``Transpose(weight)`` folds to a strided numpy view, which torch copies into C order as
+    it is written: the file holds the very bytes the in-memory proto holds."""
+    from onnx_modular._weights import StridedTensor
+
+    model = nn.Sequential(nn.Linear(48, 80), nn.GELU(), nn.Linear(80, 24)).eval()
+    result = om.export(model, (torch.randn(2, 3, 48),))  # 3-D: MatMul, not Gemm
+    strided = [v for v in result.model.graph.initializers.values()
+               if isinstance(v.const_value, StridedTensor)]
+    assert strided and not strided[0].const_value.numpy().flags.c_contiguous
+    result.save(tmp_path / "m.onnx", external_data_threshold=threshold)
+    got = {t.name: onnx.numpy_helper.to_array(t)
+           for t in onnx.load(str(tmp_path / "m.onnx")).graph.initializer}
+    want = {t.name: onnx.numpy_helper.to_array(t) for t in result.model_proto.graph.initializer}
+    assert got.keys() == want.keys()
+    for name, array in want.items():
+        np.testing.assert_array_equal(got[name], array)
+
+
+def test_an_array_torch_cannot_hold_is_made_contiguous_by_numpy() -> None:
+    import ml_dtypes
+
+    from onnx_modular._weights import contiguous_array
+
+    array = np.arange(12, dtype=np.float32).reshape(3, 4).astype(ml_dtypes.float8_e4m3fn).T
+    out = contiguous_array(array)
+    assert out.flags.c_contiguous and out.dtype == array.dtype
+    np.testing.assert_array_equal(out.astype(np.float32), array.astype(np.float32))
+    swapped = np.arange(6, dtype=">f4").reshape(2, 3).T  # big-endian: torch refuses it
+    np.testing.assert_array_equal(contiguous_array(swapped), swapped)
+
+
+def test_large_external_weights_lie_at_offsets_onnx_runtime_can_map(tmp_path: Path) -> None:
+    """ORT maps an external weight instead of reading it into its own memory when its
+    offset is a multiple of the page size (64 KiB on Windows)."""
+    model = nn.Sequential(nn.Linear(700, 600), nn.Linear(600, 5)).eval()
+    om.export(model, (torch.randn(2, 700),)).save(tmp_path / "m.onnx", external_data_threshold=0)
+    proto = onnx.load(str(tmp_path / "m.onnx"), load_external_data=False)
+    entries = [{e.key: e.value for e in t.external_data} for t in proto.graph.initializer
+               if t.data_location == onnx.TensorProto.EXTERNAL]
+    large = [int(e.get("offset", 0)) for e in entries if int(e["length"]) >= 2**20]
+    assert len(large) == 1 and all(offset % 65536 == 0 for offset in large)
+    assert len(entries) >= 3  # both weights and the first bias

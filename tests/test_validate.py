@@ -448,3 +448,34 @@ def test_localization_asked_up_front_matches_one_asked_later(stack, broken: bool
     assert early.localization == late.localization
     assert early.localization.calls_checked > 0
     assert early.first_mismatch == ("layers.2.fc" if broken else None)
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_a_large_model_is_checked_without_prepacked_weights(tmp_path, monkeypatch,
+                                                            broken: bool) -> None:
+    """Above LARGE_MODEL_BYTES (lowered here) neither session prepacks: ORT maps the
+    external weights instead of copying them. The verdict and the culprit are the same."""
+    from onnx_modular import runtime
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(64, 64), nn.ReLU()) for _ in range(4)])
+    args = (torch.randn(3, 5, 64),)
+    result = om.export(model.eval(), args)
+    result.save(tmp_path / "m.onnx", external_data_threshold=0)
+    if broken:
+        with torch.no_grad():
+            model[2][0].weight.mul_(1.5)
+    prepacked: list[bool] = []
+    real = runtime.make_session
+
+    def spy(*a: object, prepack: bool = True, **kw: object) -> object:
+        prepacked.append(prepack)
+        return real(*a, prepack=prepack, **kw)
+
+    monkeypatch.setattr(runtime, "make_session", spy)
+    monkeypatch.setattr(runtime, "LARGE_MODEL_BYTES", 0)
+    lean = om.validate(model, args, tmp_path / "m.onnx", providers="cpu", localize=True)
+    assert prepacked == [False, False]  # the plain session and the probe's
+    monkeypatch.setattr(runtime, "LARGE_MODEL_BYTES", 2**62)
+    default = om.validate(model, args, tmp_path / "m.onnx", providers="cpu", localize=True)
+    assert len(prepacked) > 3 and all(prepacked[2:])
+    assert lean.ok == default.ok == (not broken)
+    assert lean.first_mismatch == default.first_mismatch == ("2.0" if broken else None)

@@ -100,7 +100,8 @@ def compare(a: Any, b: Any, inputs: Any = None, *, kwargs: dict[str, Any] | None
         given = bind_feeds(la.proto, inputs, lb.proto, kwargs)
         values = []
         for which, loaded, facts in (("a", la, fa), ("b", lb, fb)):
-            session, facts.session_s = runtime.make_session(loaded.session_source(), chosen)
+            session, facts.session_s = runtime.make_session(
+                loaded.session_source(), chosen, prepack=not loaded.large)
             names = [i.name for i in session.get_inputs()]
             feed = dict(zip(names, given.values(), strict=True))
             try:
@@ -108,6 +109,7 @@ def compare(a: Any, b: Any, inputs: Any = None, *, kwargs: dict[str, Any] | None
             except OnnxModularError as exc:
                 raise fail(f"model {which} ({loaded.label}): "
                            f"{exc.diagnostic.message}") from exc
+            del session  # its weights go before the other model's come
             values.append(out)
         for i, (x, y) in enumerate(zip(*values, strict=True)):
             c = check_value(y, x, rtol, atol)

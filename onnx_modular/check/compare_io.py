@@ -184,8 +184,10 @@ def compare_io(model: Any, inputs: str | Path | Mapping[str, np.ndarray],
     results = []
     for provider in runtime.resolve_providers(providers):
         session, session_s = runtime.make_session(loaded.session_source(), provider,
-                                                  loaded.session_config())
+                                                  loaded.session_config(),
+                                                  prepack=not loaded.large)
         actual, run_s = runtime.run_session(session, feeds, compared)
+        del session
         checks = []
         for name, got in zip(compared, actual, strict=True):
             want = np.asarray(wanted[name])

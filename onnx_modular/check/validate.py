@@ -91,8 +91,9 @@ def _validate(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
     torch_s = time.perf_counter() - start
     # Asked for up front, the probe is built while the plain session is; not for a large
     # model, whose two sessions would hold every weight twice at once
+    large = loaded.large  # memory over speed: no probe beside the plain session
     advance = _ProbeInAdvance(loaded, chosen[-1]) \
-        if localize is True and chosen and loaded.size_bytes < _CONCURRENT_PROBE_BYTES else None
+        if localize is True and chosen and not large else None
 
     output_names = [o.name for o in loaded.proto.graph.output]
     if expected and all(t.numel() == 0 for t in expected):
@@ -109,7 +110,7 @@ def _validate(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
     source = loaded.session_source()
     for provider in chosen:
         try:
-            session, session_s = runtime.make_session(source, provider)
+            session, session_s = runtime.make_session(source, provider, prepack=not large)
         except runtime.ProviderUnavailableError as exc:
             # onnxruntime-gpu lists CUDA even where no GPU or driver is present: a default
             # CUDA check that cannot start is skipped with its reason; CPU still runs
@@ -138,7 +139,8 @@ def _validate(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
         with gc_paused():
             ready = advance.take(provider, fuse=bool(failing)) if advance else None
             report.localization = _localize(loaded, feeds, provider, calls, rtol, atol,
-                                            fuse=bool(failing), ready=ready)
+                                            fuse=bool(failing), ready=ready,
+                                            prepack=not large)
         report.localization_provider = provider
         calls = None  # the localization's evidence holds them now
         return report.localization
@@ -188,8 +190,6 @@ def _check(name: str, actual: np.ndarray, expected: torch.Tensor,
     return OutputCheck.of(name, list(expected.shape), c)
 
 
-#: Above this, the probe session is built after the plain one is gone (memory over speed).
-_CONCURRENT_PROBE_BYTES = 512 * 2**20
 
 
 class _ProbeInAdvance:
@@ -245,8 +245,8 @@ class _ProbeInAdvance:
 def _localize(loaded: runtime.LoadedModel, feeds: dict[str, np.ndarray], provider: str,
               calls: list[TorchCall] | None, rtol: float | None,
               atol: float | None, fuse: bool = True,
-              ready: tuple[Probe | None, Any, Exception | None] | None = None
-              ) -> Localization:
+              ready: tuple[Probe | None, Any, Exception | None] | None = None,
+              prepack: bool = True) -> Localization:
     """One ORT session on the inlined model with every call output exposed."""
     if not calls:
         return Localization("none", 0, [], None, "the torch model has no submodule calls")
@@ -265,7 +265,8 @@ def _localize(loaded: runtime.LoadedModel, feeds: dict[str, np.ndarray], provide
                             "the ONNX model carries no module metadata to localize with")
     if session is None:
         session, _ = runtime.make_session(probe.model_bytes, provider,
-                                          loaded.session_config(), fuse=fuse)
+                                          loaded.session_config(), fuse=fuse,
+                                          prepack=prepack)
     names = [o.name for o in session.get_outputs()]
     values, _ = runtime.run_session(session, feeds)
     return judge(probe, {**feeds, **dict(zip(names, values, strict=True))}, calls, rtol, atol)

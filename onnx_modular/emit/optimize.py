@@ -8,7 +8,6 @@ longer be folded. After: the full optimizer, on each unique function body once, 
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import numpy as np
 import onnx_ir as ir
@@ -21,6 +20,7 @@ from onnx_modular._compat import (
     optimize_ir_avoiding,
     quiet_loggers,
 )
+from onnx_modular._weights import StridedTensor
 
 
 def _quiet_folding() -> contextlib.AbstractContextManager[None]:
@@ -84,23 +84,19 @@ def _small_initializers_to_constants(graph: ir.Graph, weights: set[str] | frozen
 
 
 def _contiguous_when_written(graph: ir.Graph) -> None:
-    """Folded weights are often views (``Transpose(weight)`` of a Linear): numpy writes a
-    non-contiguous array element by element (~80 MB/s). Each becomes a lazy tensor that makes
-    a contiguous copy when it is serialized: one at a time, at disk speed."""
+    """Folded weights are often views (``Transpose(weight)`` of a Linear), which numpy
+    writes element by element (~80 MB/s): each becomes a tensor that is written in blocks
+    (see ``_weights``)."""
     for value in graph.initializers.values():
         tensor = value.const_value
-        if not isinstance(tensor, ir.Tensor):
+        if not isinstance(tensor, ir.Tensor) or isinstance(tensor, StridedTensor):
             continue
-        array = tensor.numpy()
+        array = tensor.raw
         if not isinstance(array, np.ndarray) or array.flags.c_contiguous:
             continue
-        value.const_value = ir.LazyTensor(
-            functools.partial(_contiguous, array, tensor.name), dtype=tensor.dtype,
-            shape=tensor.shape, name=tensor.name)
-
-
-def _contiguous(array: np.ndarray, name: str | None) -> ir.Tensor:
-    return ir.Tensor(np.ascontiguousarray(array), name=name)
+        value.const_value = StridedTensor(array, dtype=tensor.dtype, name=tensor.name,
+                                          doc_string=tensor.doc_string,
+                                          metadata_props=dict(tensor.metadata_props))
 
 
 def _fold_weights(model: ir.Model) -> None:
