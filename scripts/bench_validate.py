@@ -12,6 +12,7 @@ export is measured too when ``onnx_modular.export`` is available.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import time
@@ -34,6 +35,9 @@ def _paired_times(plain: Callable[[], Any], localized: Callable[[], Any],
     ta, tb = [], []
     for _ in range(repeat):
         for fn, times in ((plain, ta), (localized, tb)):
+            # the previous run's garbage is collected outside the timing, as timeit does
+            # (a full collection of this heap, transformers and torch in it, takes ~300 ms)
+            gc.collect()
             start = time.perf_counter()
             result = fn()
             times.append(time.perf_counter() - start)

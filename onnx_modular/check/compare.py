@@ -101,7 +101,7 @@ def compare(a: Any, b: Any, inputs: Any = None, *, kwargs: dict[str, Any] | None
         values = []
         for which, loaded, facts in (("a", la, fa), ("b", lb, fb)):
             session, facts.session_s = runtime.make_session(
-                loaded.session_source(), chosen, prepack=not loaded.large)
+                loaded.session_source(), chosen, prepack=not loaded.large, spin=False)
             names = [i.name for i in session.get_inputs()]
             feed = dict(zip(names, given.values(), strict=True))
             try:

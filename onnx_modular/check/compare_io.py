@@ -185,7 +185,7 @@ def compare_io(model: Any, inputs: str | Path | Mapping[str, np.ndarray],
     for provider in runtime.resolve_providers(providers):
         session, session_s = runtime.make_session(loaded.session_source(), provider,
                                                   loaded.session_config(),
-                                                  prepack=not loaded.large)
+                                                  prepack=not loaded.large, spin=False)
         actual, run_s = runtime.run_session(session, feeds, compared)
         del session
         checks = []

@@ -24,6 +24,7 @@ first in the inlined graph; on a tie the deeper call wins.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Callable
 from typing import Any
@@ -322,9 +323,14 @@ def _scopes(node: onnx.NodeProto) -> tuple[list[str], list[str]] | None:
     scopes = meta.get(NAME_SCOPES)
     if scopes is None:
         return None
-    paths = _QUOTED.findall(scopes)[1:-1]
-    classes = _QUOTED.findall(meta.get(CLASS_HIERARCHY, ""))[1:]
-    return paths, classes
+    return list(_quoted(scopes)[1:-1]), list(_quoted(meta.get(CLASS_HIERARCHY, ""))[1:])
+
+
+@functools.lru_cache(maxsize=4096)
+def _quoted(text: str) -> tuple[str, ...]:
+    """The quoted items of a scope list; one parse per distinct list (the nodes of one
+    module call share theirs)."""
+    return tuple(_QUOTED.findall(text))
 
 
 def _sandwiched(chains: list[list[str] | None]) -> list[list[str] | None]:
@@ -528,13 +534,23 @@ def resolve(onnx_calls: list[OnnxCall], torch_calls: list[TorchCall]) -> dict[in
     for i, c in enumerate(torch_calls):
         children.setdefault(c.parent, []).append(i)
 
+    below: dict[int | None, list[int]] = {}  # each root's descendants, in execution order
+
     def descendants(root: int | None) -> list[int]:
-        out, todo = [], list(children.get(root, []))
-        while todo:
-            i = todo.pop(0)
-            out.append(i)
-            todo[:0] = children.get(i, [])
-        return out
+        if root not in below:
+            out = []
+            for i in children.get(root, []):
+                out.append(i)
+                out += descendants(i)
+            below[root] = out
+        return below[root]
+
+    inside: dict[int | None, set[int]] = {}
+
+    def is_descendant(i: int, root: int | None) -> bool:
+        if root not in inside:
+            inside[root] = set(descendants(root))
+        return i in inside[root]
 
     mapping: dict[int, int] = {}
     used: set[int] = set()
@@ -545,7 +561,7 @@ def resolve(onnx_calls: list[OnnxCall], torch_calls: list[TorchCall]) -> dict[in
         if call.parent is not None and parent is None:
             continue  # the parent could not be placed, so neither can this call
         exact = by_id.get(call.call_id)
-        if exact is not None and (call.exact or parent is None or exact in descendants(parent)):
+        if exact is not None and (call.exact or parent is None or is_descendant(exact, parent)):
             if exact not in used:
                 mapping[k] = exact
                 used.add(exact)

@@ -92,6 +92,7 @@ def _validate(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
     # Asked for up front, the probe is built while the plain session is; not for a large
     # model, whose two sessions would hold every weight twice at once
     large = loaded.large  # memory over speed: no probe beside the plain session
+    source = loaded.session_source()  # serialized once, before the probe's thread reads it
     advance = _ProbeInAdvance(loaded, chosen[-1]) \
         if localize is True and chosen and not large else None
 
@@ -107,10 +108,10 @@ def _validate(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                    rules.VALIDATION)
 
     results = []
-    source = loaded.session_source()
     for provider in chosen:
         try:
-            session, session_s = runtime.make_session(source, provider, prepack=not large)
+            session, session_s = runtime.make_session(source, provider, prepack=not large,
+                                                      spin=False)
         except runtime.ProviderUnavailableError as exc:
             # onnxruntime-gpu lists CUDA even where no GPU or driver is present: a default
             # CUDA check that cannot start is skipped with its reason; CPU still runs
@@ -224,7 +225,7 @@ class _ProbeInAdvance:
         try:
             self._session, _ = runtime.make_session(
                 self._probe.model_bytes, self.provider, self._loaded.session_config(),
-                fuse=False)
+                fuse=False, spin=False)
         except BaseException as exc:
             self._error = exc
 
@@ -266,7 +267,7 @@ def _localize(loaded: runtime.LoadedModel, feeds: dict[str, np.ndarray], provide
     if session is None:
         session, _ = runtime.make_session(probe.model_bytes, provider,
                                           loaded.session_config(), fuse=fuse,
-                                          prepack=prepack)
+                                          prepack=prepack, spin=False)
     names = [o.name for o in session.get_outputs()]
     values, _ = runtime.run_session(session, feeds)
     return judge(probe, {**feeds, **dict(zip(names, values, strict=True))}, calls, rtol, atol)
