@@ -234,3 +234,15 @@ def test_large_external_weights_lie_at_offsets_onnx_runtime_can_map(tmp_path: Pa
     large = [int(e.get("offset", 0)) for e in entries if int(e["length"]) >= 2**20]
     assert len(large) == 1 and all(offset % 65536 == 0 for offset in large)
     assert len(entries) >= 3  # both weights and the first bias
+
+
+def test_an_onnx_ir_without_writer_threads_still_saves_external_data(tmp_path: Path,
+                                                                    monkeypatch) -> None:
+    """onnx_ir before 1.1 has no ``max_workers``/``alignment``: ir.save is called plainly."""
+    from onnx_modular import _compat
+
+    monkeypatch.setattr(_compat, "_ir_save_parameters", lambda: frozenset({"external_data"}))
+    path = tmp_path / "m.onnx"
+    export(3.0).save(path, external_data_threshold=0)
+    assert len(list(tmp_path.iterdir())) == 2
+    assert run(path)[0, 0] == pytest.approx(3.0 * 16 + float(Two(3.0).fc.bias[0]), abs=1)
