@@ -415,8 +415,9 @@ def _ir_save_parameters() -> frozenset[str]:
 
 def ir_save_external(model: ir.Model, path: str | os.PathLike[str], data_name: str) -> None:
     """``ir.save`` with external data, two writer threads and large weights at 64 KiB
-    offsets (so ONNX Runtime maps them) where the installed onnx_ir has those options
-    (1.1); earlier releases write serially and align by default.
+    offsets (for ONNX Runtime's mapping of external data, which older releases of it
+    required) where the installed onnx_ir has those options (1.1); earlier releases write
+    serially and align by default.
 
     Two threads overlap one weight's copy (a folded transpose) with another's write: 4.4 GB
     in ~4 s instead of ~15 s on this machine's disk (``scripts/bench_scale.py``).

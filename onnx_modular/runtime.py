@@ -61,8 +61,9 @@ def first_line(exc: BaseException) -> str:
 # ---- loading ---------------------------------------------------------------------------------
 
 #: A model this large gets one-run sessions that do not prepack their weights (see
-#: ``make_session``): ORT maps an external data file instead of holding a private copy of
-#: it beside torch's, and a check builds one session at a time.
+#: ``make_session``): no packed copy is made, and the weights of a model saved with
+#: external data are mapped from its file instead of copied beside torch's; a check builds
+#: one session at a time.
 LARGE_MODEL_BYTES = 512 * 2**20
 
 

@@ -10,6 +10,7 @@ from typing import BinaryIO
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 import torch
@@ -210,17 +211,34 @@ def test_folded_transposed_weights_are_written_in_c_order(threshold: int,
         np.testing.assert_array_equal(got[name], array)
 
 
-def test_an_array_torch_cannot_hold_is_made_contiguous_by_numpy() -> None:
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float8_e4m3fn", "int64",
+                                   "bool", ">f4", "complex128"])
+def test_strided_arrays_are_made_contiguous_bytes_and_all(dtype: str) -> None:
+    """torch copies the bytes as integers of the element's size (bfloat16 and float8 of
+    ml_dtypes, a big-endian array); what it cannot take, numpy copies."""
     import ml_dtypes
 
     from onnx_modular._weights import contiguous_array
 
-    array = np.arange(12, dtype=np.float32).reshape(3, 4).astype(ml_dtypes.float8_e4m3fn).T
-    out = contiguous_array(array)
-    assert out.flags.c_contiguous and out.dtype == array.dtype
-    np.testing.assert_array_equal(out.astype(np.float32), array.astype(np.float32))
-    swapped = np.arange(6, dtype=">f4").reshape(2, 3).T  # big-endian: torch refuses it
-    np.testing.assert_array_equal(contiguous_array(swapped), swapped)
+    kind = getattr(ml_dtypes, dtype, None) or np.dtype(dtype)
+    base = np.arange(12, dtype=np.float32).reshape(3, 4).astype(kind)
+    for view in (base.T, base[::-1, ::2]):  # transposed; flipped (negative strides)
+        out = contiguous_array(view)
+        assert out.flags.c_contiguous and out.dtype == view.dtype
+        assert out.tobytes() == np.ascontiguousarray(view).tobytes()
+
+
+def test_a_strided_int4_weight_is_written_packed(tmp_path: Path) -> None:
+    """Two int4 values to a byte, as onnx_ir packs them: the bytes written are nbytes."""
+    from onnx_modular._weights import StridedTensor
+
+    values = np.arange(-4, 4, dtype=np.int8).reshape(2, 4).T
+    tensor = StridedTensor(values, dtype=ir.DataType.INT4)
+    with open(tmp_path / "w.bin", "wb") as file:
+        tensor.tofile(file)
+    assert (tmp_path / "w.bin").read_bytes() == ir.Tensor(
+        np.ascontiguousarray(values), dtype=ir.DataType.INT4).tobytes()
+    assert (tmp_path / "w.bin").stat().st_size == tensor.nbytes == 4
 
 
 def test_large_external_weights_lie_at_offsets_onnx_runtime_can_map(tmp_path: Path) -> None:

@@ -538,10 +538,11 @@ def resolve(onnx_calls: list[OnnxCall], torch_calls: list[TorchCall]) -> dict[in
 
     def descendants(root: int | None) -> list[int]:
         if root not in below:
-            out = []
-            for i in children.get(root, []):
+            out, todo = [], list(reversed(children.get(root, [])))
+            while todo:  # pre-order, without recursion (a module tree may be deep)
+                i = todo.pop()
                 out.append(i)
-                out += descendants(i)
+                todo += reversed(children.get(i, []))
             below[root] = out
         return below[root]
 

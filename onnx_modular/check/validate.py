@@ -90,8 +90,8 @@ def _validate(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
         expected, _ = _torch_run(model, args, kwargs, record=False)
     torch_s = time.perf_counter() - start
     # Asked for up front, the probe is built while the plain session is; not for a large
-    # model, whose two sessions would hold every weight twice at once
-    large = loaded.large  # memory over speed: no probe beside the plain session
+    # model (memory over speed: its sessions come one at a time, weights mapped)
+    large = loaded.large
     source = loaded.session_source()  # serialized once, before the probe's thread reads it
     advance = _ProbeInAdvance(loaded, chosen[-1]) \
         if localize is True and chosen and not large else None
@@ -189,8 +189,6 @@ def _check(name: str, actual: np.ndarray, expected: torch.Tensor,
            rtol: float | None, atol: float | None) -> OutputCheck:
     c = check_value(actual, expected, rtol, atol, reference="torch ")
     return OutputCheck.of(name, list(expected.shape), c)
-
-
 
 
 class _ProbeInAdvance:
