@@ -343,6 +343,16 @@ def make_session(source: str | bytes, providers: str | Sequence[str],
     return session, elapsed
 
 
+def check_session(loaded: LoadedModel, source: str | bytes, provider: str,
+                  config: dict[str, str] | None = None, fuse: bool = True
+                  ) -> tuple[Any, float]:
+    """A session a check builds for one run of ``loaded`` (or of a probe derived from it,
+    ``source``): its worker threads sleep instead of spinning, and a large model's weights
+    are not prepacked (see ``make_session`` and ``LARGE_MODEL_BYTES``)."""
+    return make_session(source, provider, config, fuse=fuse, prepack=not loaded.large,
+                        spin=False)
+
+
 def run_session(session: Any, feeds: dict[str, np.ndarray],
                 output_names: list[str] | None = None) -> tuple[list[np.ndarray], float]:
     """The outputs and the run time; an ORT failure becomes a one-line error."""

@@ -100,8 +100,8 @@ def compare(a: Any, b: Any, inputs: Any = None, *, kwargs: dict[str, Any] | None
         given = bind_feeds(la.proto, inputs, lb.proto, kwargs)
         values = []
         for which, loaded, facts in (("a", la, fa), ("b", lb, fb)):
-            session, facts.session_s = runtime.make_session(
-                loaded.session_source(), chosen, prepack=not loaded.large, spin=False)
+            session, facts.session_s = runtime.check_session(loaded, loaded.session_source(),
+                                                             chosen)
             names = [i.name for i in session.get_inputs()]
             feed = dict(zip(names, given.values(), strict=True))
             try:

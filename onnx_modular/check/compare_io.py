@@ -183,9 +183,8 @@ def compare_io(model: Any, inputs: str | Path | Mapping[str, np.ndarray],
     compared = [n for n in output_names if n in wanted]
     results = []
     for provider in runtime.resolve_providers(providers):
-        session, session_s = runtime.make_session(loaded.session_source(), provider,
-                                                  loaded.session_config(),
-                                                  prepack=not loaded.large, spin=False)
+        session, session_s = runtime.check_session(loaded, loaded.session_source(), provider,
+                                                   loaded.session_config())
         actual, run_s = runtime.run_session(session, feeds, compared)
         del session
         checks = []

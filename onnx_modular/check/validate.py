@@ -91,10 +91,9 @@ def _validate(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
     torch_s = time.perf_counter() - start
     # Asked for up front, the probe is built while the plain session is; not for a large
     # model (memory over speed: its sessions come one at a time, weights mapped)
-    large = loaded.large
     source = loaded.session_source()  # serialized once, before the probe's thread reads it
     advance = _ProbeInAdvance(loaded, chosen[-1]) \
-        if localize is True and chosen and not large else None
+        if localize is True and chosen and not loaded.large else None
 
     output_names = [o.name for o in loaded.proto.graph.output]
     if expected and all(t.numel() == 0 for t in expected):
@@ -110,8 +109,7 @@ def _validate(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
     results = []
     for provider in chosen:
         try:
-            session, session_s = runtime.make_session(source, provider, prepack=not large,
-                                                      spin=False)
+            session, session_s = runtime.check_session(loaded, source, provider)
         except runtime.ProviderUnavailableError as exc:
             # onnxruntime-gpu lists CUDA even where no GPU or driver is present: a default
             # CUDA check that cannot start is skipped with its reason; CPU still runs
@@ -140,8 +138,7 @@ def _validate(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
         with gc_paused():
             ready = advance.take(provider, fuse=bool(failing)) if advance else None
             report.localization = _localize(loaded, feeds, provider, calls, rtol, atol,
-                                            fuse=bool(failing), ready=ready,
-                                            prepack=not large)
+                                            fuse=bool(failing), ready=ready)
         report.localization_provider = provider
         calls = None  # the localization's evidence holds them now
         return report.localization
@@ -221,9 +218,9 @@ class _ProbeInAdvance:
         if self._probe.kind == "none":
             return
         try:
-            self._session, _ = runtime.make_session(
-                self._probe.model_bytes, self.provider, self._loaded.session_config(),
-                fuse=False, spin=False)
+            self._session, _ = runtime.check_session(
+                self._loaded, self._probe.model_bytes, self.provider,
+                self._loaded.session_config(), fuse=False)
         except BaseException as exc:
             self._error = exc
 
@@ -244,8 +241,8 @@ class _ProbeInAdvance:
 def _localize(loaded: runtime.LoadedModel, feeds: dict[str, np.ndarray], provider: str,
               calls: list[TorchCall] | None, rtol: float | None,
               atol: float | None, fuse: bool = True,
-              ready: tuple[Probe | None, Any, Exception | None] | None = None,
-              prepack: bool = True) -> Localization:
+              ready: tuple[Probe | None, Any, Exception | None] | None = None
+              ) -> Localization:
     """One ORT session on the inlined model with every call output exposed."""
     if not calls:
         return Localization("none", 0, [], None, "the torch model has no submodule calls")
@@ -263,9 +260,8 @@ def _localize(loaded: runtime.LoadedModel, feeds: dict[str, np.ndarray], provide
         return Localization("none", 0, [], None, probe.note or
                             "the ONNX model carries no module metadata to localize with")
     if session is None:
-        session, _ = runtime.make_session(probe.model_bytes, provider,
-                                          loaded.session_config(), fuse=fuse,
-                                          prepack=prepack, spin=False)
+        session, _ = runtime.check_session(loaded, probe.model_bytes, provider,
+                                           loaded.session_config(), fuse=fuse)
     names = [o.name for o in session.get_outputs()]
     values, _ = runtime.run_session(session, feeds)
     return judge(probe, {**feeds, **dict(zip(names, values, strict=True))}, calls, rtol, atol)
