@@ -87,3 +87,19 @@ def ort_outputs() -> Callable[..., list[np.ndarray]]:
 def assert_close() -> Callable[..., None]:
     """``assert_close(actual, expected, tol=TOL)``: see :func:`check_close`."""
     return check_close
+
+
+@pytest.fixture
+def prepacked(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Records ``prepack`` of every ORT session the package makes, in order."""
+    from onnx_modular import runtime
+
+    seen: list[bool] = []
+    real = runtime.make_session
+
+    def spy(*a: Any, prepack: bool = True, **kw: Any) -> Any:
+        seen.append(prepack)
+        return real(*a, prepack=prepack, **kw)
+
+    monkeypatch.setattr(runtime, "make_session", spy)
+    return seen

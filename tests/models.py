@@ -400,6 +400,21 @@ def net() -> tuple[Net, tuple[torch.Tensor]]:
     return Net().eval(), (torch.randn(2, DIM),)
 
 
+class InPlace(nn.Module):
+    """The parent changes a submodule's output in place after the call returned: torch's
+    record of ``inner``'s output is gone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(4, 4)
+        self.after = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.inner(x)
+        y.mul_(3.0)
+        return self.after(y)
+
+
 def _hand(cls: Callable[[], nn.Module], args: Callable[[], tuple]) -> Builder:
     def build() -> tuple[nn.Module, tuple]:
         torch.manual_seed(0)

@@ -351,21 +351,9 @@ def test_cli_validate_extract_prints_the_repro_command(tmp_path, capsys):
 
 def test_outputs_changed_in_place_cannot_be_extracted(tmp_path):
     import torch
-    from torch import nn
-
-    class InPlace(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.inner = nn.Linear(4, 4)
-            self.after = nn.Linear(4, 4)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            y = self.inner(x)
-            y.mul_(3.0)  # torch's record of inner's output is gone
-            return self.after(y)
 
     torch.manual_seed(0)
-    model, args = InPlace().eval(), (torch.randn(2, 4),)
+    model, args = models.InPlace().eval(), (torch.randn(2, 4),)
     rep = om.validate(model, args, om.export(model, args), providers="cpu")
     with pytest.raises(om.OnnxModularError, match="changed in place") as e:
         rep.extract(tmp_path / "x", call="inner")

@@ -10,6 +10,7 @@ block of the same class, fed diverging inputs in the full model, matches on torc
 
 from __future__ import annotations
 
+import models
 import numpy as np
 import onnx
 import pytest
@@ -36,18 +37,8 @@ def _neox() -> tuple[nn.Module, tuple]:
         num_hidden_layers=4, hidden_size=32, num_attention_heads=4, intermediate_size=64,
         vocab_size=99, max_position_embeddings=64, use_cache=False,
         attn_implementation="eager")
-    inner = transformers.GPTNeoXModel(cfg).eval()
-
-    class NeoX(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = inner
-
-        def forward(self, ids: torch.Tensor) -> torch.Tensor:
-            return self.model(input_ids=ids, use_cache=False, return_dict=True)[0]
-
     ids = torch.randint(0, 99, (2, 8), generator=torch.Generator().manual_seed(0))
-    return NeoX().eval(), (ids,)
+    return models.LastHidden(transformers.GPTNeoXModel(cfg).eval()).eval(), (ids,)
 
 
 def _resnet() -> tuple[nn.Module, tuple]:

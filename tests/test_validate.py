@@ -399,23 +399,9 @@ def test_cuda_provider(gpt2):
     assert rep.first_mismatch == "model.h.1.mlp.c_fc"
 
 
-class InPlace(nn.Module):
-    """The parent changes a submodule's output in place after the call returned."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.inner = nn.Linear(4, 4)
-        self.after = nn.Linear(4, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.inner(x)
-        y.mul_(3.0)
-        return self.after(y)
-
-
 def test_values_changed_in_place_are_not_compared():
     torch.manual_seed(0)
-    model, args = InPlace().eval(), (torch.randn(2, 4),)
+    model, args = models.InPlace().eval(), (torch.randn(2, 4),)
     proto = _export(model, args)
     rep = om.validate(model, args, proto, providers="cpu", localize=True)
     assert rep.ok and rep.localization.divergences == []
@@ -451,11 +437,12 @@ def test_localization_asked_up_front_matches_one_asked_later(stack, broken: bool
 
 
 @pytest.mark.parametrize("broken", [False, True])
-def test_a_large_model_is_checked_without_prepacked_weights(tmp_path, monkeypatch,
+def test_a_large_model_is_checked_without_prepacked_weights(tmp_path, monkeypatch, prepacked,
                                                             broken: bool) -> None:
     """Above LARGE_MODEL_BYTES (lowered here) neither session prepacks: ORT maps the
     external weights instead of copying them. The verdict and the culprit are the same."""
     from onnx_modular import runtime
+
     model = nn.Sequential(*[nn.Sequential(nn.Linear(64, 64), nn.ReLU()) for _ in range(4)])
     args = (torch.randn(3, 5, 64),)
     result = om.export(model.eval(), args)
@@ -463,14 +450,6 @@ def test_a_large_model_is_checked_without_prepacked_weights(tmp_path, monkeypatc
     if broken:
         with torch.no_grad():
             model[2][0].weight.mul_(1.5)
-    prepacked: list[bool] = []
-    real = runtime.make_session
-
-    def spy(*a: object, prepack: bool = True, **kw: object) -> object:
-        prepacked.append(prepack)
-        return real(*a, prepack=prepack, **kw)
-
-    monkeypatch.setattr(runtime, "make_session", spy)
     monkeypatch.setattr(runtime, "LARGE_MODEL_BYTES", 0)
     lean = om.validate(model, args, tmp_path / "m.onnx", providers="cpu", localize=True)
     assert prepacked == [False, False]  # the plain session and the probe's
