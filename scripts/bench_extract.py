@@ -20,7 +20,6 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,33 +29,10 @@ from onnx import numpy_helper
 
 import onnx_modular as om
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_validate import gpt2, paired_times, size_options
+
 warnings.filterwarnings("ignore")
-
-
-def _paired_times(plain: Callable[[], Any], extracting: Callable[[], Any],
-                  repeat: int) -> tuple[float, float]:
-    """Best-of-``repeat`` seconds for each, interleaved so that load hits both alike."""
-    plain(), extracting()
-    ta, tb = [], []
-    for _ in range(repeat):
-        for fn, times in ((plain, ta), (extracting, tb)):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-    return min(ta), min(tb)
-
-
-def _model(layers: int, dim: int, seq: int) -> tuple[torch.nn.Module, tuple]:
-    from transformers import GPT2Config, GPT2Model
-
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-    from models import LastHidden
-
-    torch.manual_seed(0)
-    cfg = GPT2Config(n_layer=layers, n_embd=dim, n_head=4, vocab_size=128,
-                     n_positions=max(64, seq), use_cache=False, attn_implementation="eager")
-    ids = torch.randint(0, 128, (2, seq), generator=torch.Generator().manual_seed(0))
-    return LastHidden(GPT2Model(cfg).eval()).eval(), (ids,)
 
 
 def _planted(proto: onnx.ModelProto, name: str) -> onnx.ModelProto:
@@ -67,14 +43,11 @@ def _planted(proto: onnx.ModelProto, name: str) -> onnx.ModelProto:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", type=int, default=24)
-    parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--dim", type=int, default=32, help="hidden size")
-    parser.add_argument("--seq", type=int, default=16, help="sequence length (batch 2)")
+    size_options(parser)
     opts = parser.parse_args()
     layer = min(17, opts.layers - 1)
     weight = f"model.h.{layer}.mlp.c_fc.weight"
-    model, args = _model(opts.layers, opts.dim, opts.seq)
+    model, args = gpt2(opts.layers, opts.dim, opts.seq)
     exports = [
         ("hierarchical (om.export)", lambda: om.export(model, args).model_proto),
         ("flat (om.export none)", lambda: om.export(model, args, functions="none").model_proto),
@@ -96,7 +69,7 @@ def main() -> None:
                 return rep.extract(Path(tmp) / f"x{next(counter)}")
 
             x = extracting()
-            plain_s, extract_s = _paired_times(plain, extracting, opts.repeat)
+            plain_s, extract_s, _, _ = paired_times(plain, extracting, opts.repeat)
             rep = plain()
             alone = []
             for _ in range(opts.repeat):

@@ -12,6 +12,7 @@ export is measured too when ``onnx_modular.export`` is available.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
 import sys
@@ -27,8 +28,8 @@ import onnx_modular as om
 warnings.filterwarnings("ignore")
 
 
-def _paired_times(plain: Callable[[], Any], localized: Callable[[], Any],
-                  repeat: int) -> tuple[float, float, Any, Any]:
+def paired_times(plain: Callable[[], Any], localized: Callable[[], Any],
+                 repeat: int) -> tuple[float, float, Any, Any]:
     """Best-of-``repeat`` seconds for each, runs interleaved so that load on the machine
     hits both alike; one warm-up each first (torch and ORT first-call costs)."""
     a, b = plain(), localized()
@@ -54,17 +55,31 @@ def _models(layers: int, dim: int, seq: int) -> list[tuple[str, torch.nn.Module,
     torch.manual_seed(0)
     ids = torch.randint(0, 128, (2, seq), generator=torch.Generator().manual_seed(0))
     out = [("TinyGPT", TinyGPT(dim=dim, layers=layers, context=max(64, seq)).eval(), (ids,))]
-    try:
-        from transformers import GPT2Config, GPT2Model
-    except ImportError:  # transformers is a test dependency
-        return out
+    with contextlib.suppress(ImportError):  # transformers is a test dependency
+        out.append(("GPT-2", *gpt2(layers, dim, seq)))
+    return out
+
+
+def gpt2(layers: int, dim: int, seq: int) -> tuple[torch.nn.Module, tuple[torch.Tensor]]:
+    """GPT-2 (transformers, small config) returning its last hidden state; batch 2."""
+    from transformers import GPT2Config, GPT2Model
+
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
     from models import LastHidden
 
+    torch.manual_seed(0)
     cfg = GPT2Config(n_layer=layers, n_embd=dim, n_head=4, vocab_size=128,
                      n_positions=max(64, seq), use_cache=False, attn_implementation="eager")
-    out.append(("GPT-2", LastHidden(GPT2Model(cfg).eval()).eval(), (ids,)))
-    return out
+    ids = torch.randint(0, 128, (2, seq), generator=torch.Generator().manual_seed(0))
+    return LastHidden(GPT2Model(cfg).eval()).eval(), (ids,)
+
+
+def size_options(parser: argparse.ArgumentParser) -> None:
+    """The model-size and repetition flags bench_validate and bench_extract share."""
+    parser.add_argument("--layers", type=int, default=24)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--dim", type=int, default=32, help="hidden size")
+    parser.add_argument("--seq", type=int, default=16, help="sequence length (batch 2)")
 
 
 def _exports(model: torch.nn.Module, args: tuple) -> list[tuple[str, Any]]:
@@ -81,17 +96,14 @@ def _exports(model: torch.nn.Module, args: tuple) -> list[tuple[str, Any]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", type=int, default=24)
-    parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--dim", type=int, default=32, help="hidden size")
-    parser.add_argument("--seq", type=int, default=16, help="sequence length (batch 2)")
+    size_options(parser)
     opts = parser.parse_args()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
 
     rows = []
     for name, model, args in _models(opts.layers, opts.dim, opts.seq):
         for kind, proto in _exports(model, args):
-            plain_s, loc_s, plain, loc = _paired_times(
+            plain_s, loc_s, plain, loc = paired_times(
                 lambda m=model, a=args, p=proto: om.validate(m, a, p, providers="cpu",
                                                              localize=False),
                 lambda m=model, a=args, p=proto: om.validate(m, a, p, providers="cpu",
