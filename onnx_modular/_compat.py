@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import logging
 import os
 import sys
@@ -218,6 +219,48 @@ def replaced_torch_onnx_export(make: Callable[[Callable[..., Any]], Callable[...
         yield
     finally:
         _core.export = original
+
+
+@contextlib.contextmanager
+def replaced_torchscript_export(make: Callable[[Callable[..., Any]], Callable[..., Any]]
+                                ) -> Iterator[None]:
+    """Replace torch.onnx's TorchScript exporter entry: what ``torch.onnx.export(...,
+    dynamo=False)`` calls (looked up at each call) and ``torch.onnx.utils.export``."""
+    from torch.onnx._internal.torchscript_exporter import utils
+
+    public = importlib.import_module("torch.onnx.utils")
+    original = utils.export
+    replacement = make(original)
+    utils.export = replacement
+    rebound = getattr(public, "export", None) is original
+    if rebound:
+        public.export = replacement
+    try:
+        yield
+    finally:
+        utils.export = original
+        if rebound:
+            public.export = original
+
+
+def torchscript_defaults() -> dict[str, Any]:
+    """The values of the TorchScript exporter's options that change nothing (eval mode,
+    plain ONNX operators)."""
+    from torch.onnx import OperatorExportTypes, TrainingMode
+
+    return {"eval": TrainingMode.EVAL, "preserve": TrainingMode.PRESERVE,
+            "onnx": OperatorExportTypes.ONNX}
+
+
+def verify_onnx_program(onnx_program: Any) -> list[tuple[str, float, float]]:
+    """torch.onnx's ``verify=True`` run: ONNX checker, then ONNX Runtime against the program
+    on its example inputs; (output name, max abs diff, max rel diff) per output."""
+    from torch.onnx._internal._lazy_import import onnxscript_apis
+    from torch.onnx._internal.exporter import _verification
+
+    onnxscript_apis.check_model(onnx_program.model)
+    return [(r.name, float(r.max_abs_diff), float(r.max_rel_diff))
+            for r in _verification.verify_onnx_program(onnx_program)]
 
 
 # ---- onnxscript --------------------------------------------------------------------------------

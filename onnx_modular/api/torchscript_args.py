@@ -1,0 +1,171 @@
+"""A ``torch.onnx.export(..., dynamo=False)`` call read as the dynamo exporter's arguments.
+
+The released Optimum, Olive's default conversion and many scripts still take the TorchScript
+path. Under ``om.hook`` such a call is exported hierarchically when none of its options is
+TorchScript-only; the result is then held to the interface the TorchScript exporter would
+have written (input and output names in order, dynamic dims where ``dynamic_axes`` asked).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import onnx_ir as ir
+import torch
+
+from onnx_modular._compat import torchscript_defaults
+
+
+@dataclasses.dataclass(frozen=True)
+class TorchScriptCall:
+    """The arguments of one TorchScript-exporter call, bound to its parameter names."""
+
+    arguments: Mapping[str, Any]
+
+    def __getitem__(self, name: str) -> Any:
+        return self.arguments.get(name)
+
+    def torchscript_only(self) -> str | None:
+        """Why this call can only go the TorchScript way, or None when dynamo can take it."""
+        defaults = torchscript_defaults()
+        model = self["model"]
+        if isinstance(model, (torch.jit.ScriptModule, torch.jit.ScriptFunction)):
+            return f"the model is a TorchScript {type(model).__name__}"
+        if not isinstance(model, torch.nn.Module):
+            return f"the model is a {type(model).__name__}, not an nn.Module"
+        training = self["training"]
+        if training not in (None, defaults["eval"], defaults["preserve"]) or (
+                training == defaults["preserve"] and model.training):
+            return f"training={training} exports the training graph"
+        operator_export_type = self["operator_export_type"]
+        if operator_export_type not in (None, defaults["onnx"]):
+            return f"operator_export_type={operator_export_type}"
+        if self["custom_opsets"]:
+            return f"custom_opsets={dict(self['custom_opsets'])!r}"
+        f = self["f"]
+        if f is not None and not isinstance(f, (str, os.PathLike)) and not hasattr(f, "write"):
+            return f"f is a {type(f).__name__}, neither a path nor a writable file"
+        return None
+
+    def functions(self) -> Any:
+        """``export_modules_as_functions`` as a ``functions=`` selection, or None (the hook's)."""
+        chosen = self["export_modules_as_functions"]
+        if chosen is True:
+            return "all"
+        if chosen:
+            return tuple(chosen)
+        return None
+
+    def dynamo_arguments(self) -> dict[str, Any]:
+        """The keyword arguments of ``torch.onnx.export(..., dynamo=True)`` doing this export.
+
+        A dict as the last positional argument holds keyword inputs (the TorchScript
+        exporter's convention, which Optimum uses); the file is saved afterwards, once the
+        interface has been checked.
+        """
+        args = self["args"]
+        args = (args,) if isinstance(args, torch.Tensor) else tuple(args or ())
+        kwargs = dict(self["kwargs"] or {})
+        if args and isinstance(args[-1], dict):
+            kwargs = {**args[-1], **kwargs}
+            args = args[:-1]
+        kwargs = _in_signature_order(self["model"], kwargs)
+        return {
+            "args": args, "kwargs": kwargs or None,
+            "input_names": _names(self["input_names"]),
+            "output_names": _names(self["output_names"]),
+            "opset_version": self["opset_version"],
+            "dynamic_shapes": self._dynamic_shapes(args, kwargs),
+            "optimize": self["do_constant_folding"] is not False,
+            "verbose": bool(self["verbose"]),
+        }
+
+    def save(self, onnx_program: Any) -> None:
+        """Write the file as the TorchScript exporter would: one file under 2 GB."""
+        f = self["f"]
+        if f is None:
+            return
+        if isinstance(f, (str, os.PathLike)):
+            onnx_program.save(
+                os.fspath(f), include_initializers=self["export_params"] is not False,
+                keep_initializers_as_inputs=bool(self["keep_initializers_as_inputs"]),
+                external_data=None)
+            return
+        f.write(onnx_program.model_proto.SerializeToString())  # a file object (BytesIO)
+
+    def interface_mismatch(self, model: ir.Model) -> str | None:
+        """How ``model``'s inputs and outputs differ from what this call asked for, or None."""
+        for kind, values in (("input", model.graph.inputs), ("output", model.graph.outputs)):
+            wanted = _names(self[f"{kind}_names"]) or []
+            have = [v.name for v in values][:len(wanted)]
+            if have != wanted:
+                return f"{kind} names {have} where the call named {wanted}"
+        for value, example in zip(model.graph.inputs, self._example_inputs()):
+            dims = [] if value.shape is None else list(value.shape)
+            if len(dims) != example.dim() or any(
+                    isinstance(d, int) and d != n for d, n in zip(dims, example.shape)):
+                return (f"input '{value.name}' has shape {dims} where the call's input in "
+                        f"that place has {list(example.shape)}")
+        by_name = {v.name: v for v in [*model.graph.inputs, *model.graph.outputs]}
+        for name, axes in (self["dynamic_axes"] or {}).items():
+            value = by_name.get(name)
+            if value is None or value.shape is None:
+                continue  # the TorchScript exporter ignores a name it does not know, too
+            for axis in axes.keys() if isinstance(axes, Mapping) else axes:
+                dims = list(value.shape)
+                if not -len(dims) <= axis < len(dims):
+                    return f"'{name}' has no axis {axis} (dynamic_axes)"
+                if isinstance(dims[axis], int):
+                    return (f"'{name}' axis {axis} is fixed at {dims[axis]} where dynamic_axes "
+                            "asked for a dynamic one")
+        return None
+
+
+    def _dynamic_shapes(self, args: tuple[Any, ...], kwargs: dict[str, Any]
+                        ) -> dict[str, Any] | None:
+        """``dynamic_axes`` (keyed by input name, numbered as the TorchScript exporter
+        numbers inputs) as ``dynamic_shapes`` keyed by ``forward``'s parameters. torch.onnx's
+        own conversion makes keyword inputs positional and shifts those after a gap."""
+        axes_by_name = self["dynamic_axes"]
+        if not axes_by_name:
+            return None
+        names = iter(_names(self["input_names"]) or [])
+        bound = inspect.signature(self["model"].forward).bind_partial(*args, **kwargs)
+
+        def spec(leaf: Any) -> Any:
+            if not isinstance(leaf, torch.Tensor):
+                return None
+            axes = axes_by_name.get(next(names, None))
+            if axes is None:
+                return None
+            if isinstance(axes, Mapping):
+                return {int(a): str(n) for a, n in axes.items()}
+            return {int(a): torch.export.Dim.DYNAMIC for a in axes}
+
+        return {name: torch.utils._pytree.tree_map(spec, value)
+                for name, value in bound.arguments.items()}
+
+    def _example_inputs(self) -> list[torch.Tensor]:
+        """The call's tensors in the order the TorchScript exporter numbers its inputs."""
+        arguments = self.dynamo_arguments()
+        leaves = torch.utils._pytree.tree_leaves((arguments["args"], arguments["kwargs"] or {}))
+        return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+
+
+def _in_signature_order(model: torch.nn.Module, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Keyword inputs in the order of ``forward``'s parameters, as the TorchScript exporter
+    flattens them (the dynamo exporter keeps the call's order): input names follow it."""
+    try:
+        order = list(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        return kwargs
+    rank = {name: i for i, name in enumerate(order)}
+    return dict(sorted(kwargs.items(), key=lambda item: rank.get(item[0], len(rank))))
+
+
+def _names(names: Sequence[str] | None) -> list[str] | None:
+    return None if names is None else [str(n) for n in names]
