@@ -262,10 +262,15 @@ def _export_on_the_dynamo_path(call: TorchScriptCall, session: HookSession) -> s
         EmitOptions(functions, session.options.dedupe), session.strict, session.exports)
     token = _open.set((*_open.get(), inner))
     try:
-        with quiet_torch_onnx(), warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*dynamic_axes.*")
-            onnx_program = torch.onnx.export(call["model"], dynamo=True,
-                                             **call.dynamo_arguments())
+        with quiet_torch_onnx():
+            try:
+                onnx_program = torch.onnx.export(call["model"], dynamo=True,
+                                                 **call.dynamo_arguments(shared_dims=True))
+            except OnnxModularError:
+                raise
+            except Exception:  # axes named alike are not equal in this model
+                onnx_program = torch.onnx.export(call["model"], dynamo=True,
+                                                 **call.dynamo_arguments(shared_dims=False))
     except OnnxModularError as e:
         if session.strict:
             raise

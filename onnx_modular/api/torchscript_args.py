@@ -60,7 +60,7 @@ class TorchScriptCall:
             return tuple(chosen)
         return None
 
-    def dynamo_arguments(self) -> dict[str, Any]:
+    def dynamo_arguments(self, shared_dims: bool = True) -> dict[str, Any]:
         """The keyword arguments of ``torch.onnx.export(..., dynamo=True)`` doing this export.
 
         A dict as the last positional argument holds keyword inputs (the TorchScript
@@ -79,7 +79,7 @@ class TorchScriptCall:
             "input_names": _names(self["input_names"]),
             "output_names": _names(self["output_names"]),
             "opset_version": self["opset_version"],
-            "dynamic_shapes": self._dynamic_shapes(args, kwargs),
+            "dynamic_shapes": self._dynamic_shapes(args, kwargs, shared=shared_dims),
             "optimize": self["do_constant_folding"] is not False,
             "verbose": bool(self["verbose"]),
         }
@@ -125,16 +125,28 @@ class TorchScriptCall:
         return None
 
 
-    def _dynamic_shapes(self, args: tuple[Any, ...], kwargs: dict[str, Any]
-                        ) -> dict[str, Any] | None:
+    def _dynamic_shapes(self, args: tuple[Any, ...], kwargs: dict[str, Any], *,
+                        shared: bool) -> dict[str, Any] | None:
         """``dynamic_axes`` (keyed by input name, numbered as the TorchScript exporter
         numbers inputs) as ``dynamic_shapes`` keyed by ``forward``'s parameters. torch.onnx's
-        own conversion makes keyword inputs positional and shifts those after a gap."""
+        own conversion makes keyword inputs positional and shifts those after a gap.
+
+        ``shared``: axes named alike are one ``Dim`` (what the same name means in ONNX), so
+        torch.export knows that every layer's cache has one length: without it each layer
+        slices the mask to its own length and layer 0, where the slice is known to be a
+        no-op, gets a function of its own.
+        """
         axes_by_name = self["dynamic_axes"]
         if not axes_by_name:
             return None
         names = iter(_names(self["input_names"]) or [])
         bound = inspect.signature(self["model"].forward).bind_partial(*args, **kwargs)
+        dims: dict[str, Any] = {}
+
+        def dim(name: Any) -> Any:
+            if not shared or not isinstance(name, str) or not name.isidentifier():
+                return torch.export.Dim.DYNAMIC
+            return dims.setdefault(name, torch.export.Dim(name))
 
         def spec(leaf: Any) -> Any:
             if not isinstance(leaf, torch.Tensor):
@@ -143,7 +155,7 @@ class TorchScriptCall:
             if axes is None:
                 return None
             if isinstance(axes, Mapping):
-                return {int(a): str(n) for a, n in axes.items()}
+                return {int(a): dim(n) for a, n in axes.items()}
             return {int(a): torch.export.Dim.DYNAMIC for a in axes}
 
         return {name: torch.utils._pytree.tree_map(spec, value)
@@ -151,7 +163,7 @@ class TorchScriptCall:
 
     def _example_inputs(self) -> list[torch.Tensor]:
         """The call's tensors in the order the TorchScript exporter numbers its inputs."""
-        arguments = self.dynamo_arguments()
+        arguments = self.dynamo_arguments(shared_dims=False)
         leaves = torch.utils._pytree.tree_leaves((arguments["args"], arguments["kwargs"] or {}))
         return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
 
