@@ -1,4 +1,4 @@
-"""``python -m onnx_modular`` / ``onnx-modular``: export, split, validate, compare, inspect.
+"""``python -m onnx_modular`` / ``onnx-modular``: export, split, validate, compare, inspect, hook.
 
 Each subcommand does one thing, in its own module (``add_parser`` and ``run``); what they
 share lives in :mod:`~onnx_modular.cli.common`. User errors print one line and exit 2
@@ -13,13 +13,22 @@ from collections.abc import Sequence
 
 from rich.markup import escape
 
-from onnx_modular.cli import common, compare, compare_io, export, inspect, split, validate
+from onnx_modular.cli import (
+    common,
+    compare,
+    compare_io,
+    export,
+    hook,
+    inspect,
+    split,
+    validate,
+)
 from onnx_modular.diagnostics import OnnxModularError
 
 __all__ = ["build_parser", "main"]
 
 #: In the order ``--help`` lists them: the pipeline's, then the tools'.
-_SUBCOMMANDS = (export, split, validate, compare, compare_io, inspect)
+_SUBCOMMANDS = (export, split, validate, compare, compare_io, inspect, hook)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -108,6 +108,17 @@ def tolerance(text: str) -> float:
     return value
 
 
+def functions_option(text: str) -> str | list[str]:
+    """``--functions all|none|A,B`` -> a ``functions=`` selection; empty is an error, not
+    a silently flat export."""
+    if text.strip() in ("all", "none"):
+        return text.strip()
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("give all, none, or module classes/paths A,B")
+    return names
+
+
 def add_tolerances(parser: argparse.ArgumentParser) -> None:
     """``--rtol``/``--atol``, checked when parsed."""
     parser.add_argument("--rtol", type=tolerance, help="relative tolerance (default: by dtype)")
