@@ -5,7 +5,7 @@
 from onnx_modular import _safepath as _safepath  # isort: skip
 from onnx_modular._version import __version__ as __version__
 from onnx_modular.api.export import ExportResult, export
-from onnx_modular.api.hook import hook
+from onnx_modular.api.hook import HookedExport, HookSession, HookWarning, hook
 from onnx_modular.api.split import SplitResult, split
 from onnx_modular.api.stages import Stage, StagesResult, plan_stages, split_by, split_stages
 from onnx_modular.check.compare import CompareReport, compare
@@ -33,6 +33,9 @@ __all__ = [
     "capture",
     "export",
     "hook",
+    "HookedExport",
+    "HookSession",
+    "HookWarning",
     "CallInfo",
     "CompareReport",
     "Extraction",

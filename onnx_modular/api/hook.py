@@ -80,6 +80,8 @@ class HookSession:
     options: EmitOptions
     strict: bool
     exports: list[HookedExport] = dataclasses.field(default_factory=list)
+    #: warnings held back while torch.onnx runs quietly (a dynamo=False call), given after
+    pending: list[str] | None = None
 
     def stays_flat(self, reason: str, path: str | None = None,
                    cause: BaseException | None = None) -> None:
@@ -156,6 +158,9 @@ def _emit(onnx_program: Any, session: HookSession, optimize: bool) -> HookedExpo
 def _warn_or_raise(session: HookSession, message: str) -> None:
     if session.strict:
         raise fail(f"onnx_modular.hook: {message} (strict=True)", rules.EXPORT_FAILED)
+    if session.pending is not None:
+        session.pending.append(message)
+        return
     warnings.warn(f"onnx_modular.hook: {message}", HookWarning, stacklevel=5)
 
 
@@ -258,8 +263,9 @@ def _export_on_the_dynamo_path(call: TorchScriptCall, session: HookSession) -> s
     from onnx_modular.lower.translate import quiet_torch_onnx
 
     functions = call.functions()
-    inner = session if functions is None else HookSession(
-        EmitOptions(functions, session.options.dedupe), session.strict, session.exports)
+    options = session.options if functions is None else EmitOptions(functions,
+                                                                      session.options.dedupe)
+    inner = HookSession(options, session.strict, session.exports, pending=[])
     token = _open.set((*_open.get(), inner))
     try:
         with quiet_torch_onnx():
@@ -279,6 +285,8 @@ def _export_on_the_dynamo_path(call: TorchScriptCall, session: HookSession) -> s
         return f"the dynamo exporter failed: {_first_line(e)}"
     finally:
         _open.reset(token)
+        for message in inner.pending or ():  # torch.onnx ran quietly: give them now
+            warnings.warn(f"onnx_modular.hook: {message}", HookWarning, stacklevel=4)
     mismatch = call.interface_mismatch(onnx_program.model)
     if mismatch is not None:
         session.exports.pop()
