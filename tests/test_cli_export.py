@@ -27,15 +27,18 @@ def test_export_inspect_and_sarif(tmp_path, capsys) -> None:
     assert "blocks.0: Block" in tree and "body shown above" in tree
     # TinyGPT has 4 blocks: the first expanded, the other three folded into one line
     assert "blocks.1 ... blocks.3: Block x3" in tree and "blocks.2" not in tree
+    assert "quantizer" in tree and "--flat" in tree  # tools that undo functions, named
     assert main(["inspect", str(out), "--json"]) == 0
     facts = json.loads(capsys.readouterr().out)
     assert facts["functions"] == len(model.functions)
 
 
-def test_export_flat_with_random_inputs(tmp_path) -> None:
+def test_export_flat_with_random_inputs(tmp_path, capsys) -> None:
     out = tmp_path / "flat.onnx"
     assert main(["export", MODEL, "--input", "1x8:int64", "-o", str(out), "--flat"]) == 0
     assert not onnx.load(str(out)).functions
+    assert main(["inspect", str(out)]) == 0
+    assert "quantizer" not in capsys.readouterr().out  # a flat file needs no such note
 
 
 def test_export_functions_subset(tmp_path) -> None:

@@ -36,4 +36,14 @@ def run(args: argparse.Namespace) -> int:
     common.out.print(f"{facts['functions']} functions, {facts['calls']} call sites, "
                      f"{facts['main_graph_nodes']} main-graph nodes, "
                      f"{facts['function_nodes']} nodes in function bodies")
+    if model.functions:
+        common.out.print(f"[dim]{FUNCTIONS_UNDONE}[/dim]")
     return common.EXIT_OK
+
+
+#: What a user of a hierarchical file should know before handing it to another tool.
+FUNCTIONS_UNDONE = (
+    "Note: ONNX Runtime's quantizer (quantize_dynamic, ORTQuantizer) skips nodes inside "
+    "functions, and its transformers optimizer and torch's ONNXProgram.optimize() inline them: "
+    "quantize or optimize the flat export (--flat), or quantize in torch and export that "
+    "model hierarchically.")
