@@ -252,6 +252,14 @@ def torchscript_defaults() -> dict[str, Any]:
             "onnx": OperatorExportTypes.ONNX}
 
 
+def size_oblivious() -> contextlib.AbstractContextManager[None]:
+    """torch.export without specializing dims whose example size is 0 or 1 (a decoder step
+    of one token, a batch of one) when they are marked dynamic."""
+    from torch.fx.experimental import _config
+
+    return _config.patch(backed_size_oblivious=True)
+
+
 def verify_onnx_program(onnx_program: Any) -> list[tuple[str, float, float]]:
     """torch.onnx's ``verify=True`` run: ONNX checker, then ONNX Runtime against the program
     on its example inputs; (output name, max abs diff, max rel diff) per output."""

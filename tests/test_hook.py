@@ -176,6 +176,23 @@ def test_dynamo_false_call_is_exported_hierarchically_with_its_interface(
     assert_close(got, model(**other), 1e-5)
 
 
+def test_dynamo_false_call_keeps_an_axis_dynamic_whose_example_size_is_one(
+        tmp_path, ort_outputs, assert_close) -> None:
+    """torch.export would fix a dynamic axis whose example is 1; the TorchScript call named
+    it dynamic (a decoder step of one token, a batch of one)."""
+    model = GapInputs().eval()
+    inputs = {"x": torch.randn(1, 8), "mask": torch.rand(1, 8), "scale": torch.randn(1, 8)}
+    path = tmp_path / "one.onnx"
+    with om.hook() as session:
+        _legacy_export(model, (inputs,), str(path), input_names=["x", "mask", "scale"],
+                       dynamic_axes={name: {0: "batch"} for name in inputs})
+    assert session.exports[-1].hierarchical
+    assert onnx.load(str(path)).graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+    other = {k: torch.randn(4, 8) for k in ("x", "mask", "scale")}
+    got = ort_outputs(path, (other["x"], other["mask"], other["scale"]))[0]
+    assert_close(got, model(**other), 1e-5)
+
+
 def test_dynamo_false_call_to_a_bytes_buffer(ort_outputs, assert_close, tmp_path) -> None:
     import io
 

@@ -33,6 +33,7 @@ from typing import Any
 from onnx_modular._compat import (
     replaced_torch_onnx_export,
     replaced_torchscript_export,
+    size_oblivious,
     verify_onnx_program,
 )
 from onnx_modular.api.torchscript_args import TorchScriptCall
@@ -52,7 +53,7 @@ class HookWarning(UserWarning):
     """A hooked export stayed flat or lost something; the message says why."""
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(repr=False)
 class HookedExport:
     """One ``torch.onnx.export`` call seen by a hook, and what came of it."""
 
@@ -71,6 +72,8 @@ class HookedExport:
         if self.flat_reason is not None:
             return f"{where}: flat ({self.flat_reason})"
         return f"{where}: hierarchical, {len(self.functions)} function(s)"
+
+    __repr__ = __str__
 
 
 @dataclasses.dataclass
@@ -268,7 +271,8 @@ def _export_on_the_dynamo_path(call: TorchScriptCall, session: HookSession) -> s
     inner = HookSession(options, session.strict, session.exports, pending=[])
     token = _open.set((*_open.get(), inner))
     try:
-        with quiet_torch_onnx():
+        with quiet_torch_onnx(), (size_oblivious() if call.specializes()
+                                  else contextlib.nullcontext()):
             try:
                 onnx_program = torch.onnx.export(call["model"], dynamo=True,
                                                  **call.dynamo_arguments(shared_dims=True))
@@ -287,10 +291,17 @@ def _export_on_the_dynamo_path(call: TorchScriptCall, session: HookSession) -> s
         _open.reset(token)
         for message in inner.pending or ():  # torch.onnx ran quietly: give them now
             warnings.warn(f"onnx_modular.hook: {message}", HookWarning, stacklevel=4)
+    call.name_axes(onnx_program.model)
     mismatch = call.interface_mismatch(onnx_program.model)
     if mismatch is not None:
         session.exports.pop()
         return f"the dynamo export differs from the TorchScript one: {mismatch}"
+    fixed = call.fixed_axes(onnx_program.model)
+    if fixed:
+        warnings.warn("onnx_modular.hook: axes the model fixes stay fixed where dynamic_axes "
+                      "named them: " + ", ".join(f"'{n}' axis {a} = {size}"
+                                                 for n, a, size in fixed[:6]),
+                      HookWarning, stacklevel=4)
     call.save(onnx_program)
     return None
 

@@ -110,20 +110,56 @@ class TorchScriptCall:
                     isinstance(d, int) and d != n for d, n in zip(dims, example.shape)):
                 return (f"input '{value.name}' has shape {dims} where the call's input in "
                         f"that place has {list(example.shape)}")
+        return None
+
+    def specializes(self) -> bool:
+        """Whether an axis ``dynamic_axes`` names has an example size of 0 or 1, which
+        torch.export would fix unless told otherwise."""
+        names = _names(self["input_names"]) or []
+        axes_by_name = self["dynamic_axes"] or {}
+        for name, example in zip(names, self._example_inputs()):
+            axes = axes_by_name.get(name) or ()
+            for axis in axes.keys() if isinstance(axes, Mapping) else axes:
+                if -example.dim() <= axis < example.dim() and example.shape[axis] in (0, 1):
+                    return True
+        return False
+
+    def name_axes(self, model: ir.Model) -> None:
+        """Name the axes as ``dynamic_axes`` does, as the TorchScript exporter writes them:
+        symbolic input axes get the call's names, and output axes are declared dynamic
+        (torch.onnx may declare the example's sizes there while the graph computes them)."""
+        inputs = {v.name for v in model.graph.inputs}
         by_name = {v.name: v for v in [*model.graph.inputs, *model.graph.outputs]}
         for name, axes in (self["dynamic_axes"] or {}).items():
             value = by_name.get(name)
             if value is None or value.shape is None:
-                continue  # the TorchScript exporter ignores a name it does not know, too
-            for axis in axes.keys() if isinstance(axes, Mapping) else axes:
-                dims = list(value.shape)
+                continue
+            dims = list(value.shape)
+            named = axes if isinstance(axes, Mapping) else {
+                a: f"{name}_dynamic_axes_{i + 1}" for i, a in enumerate(axes)}
+            for axis, label in named.items():
                 if not -len(dims) <= axis < len(dims):
-                    return f"'{name}' has no axis {axis} (dynamic_axes)"
-                if isinstance(dims[axis], int):
-                    return (f"'{name}' axis {axis} is fixed at {dims[axis]} where dynamic_axes "
-                            "asked for a dynamic one")
-        return None
+                    continue
+                if name in inputs and isinstance(dims[axis], int):
+                    continue  # the model needs that size: fixed_axes() says so
+                dims[axis] = ir.SymbolicDim(str(label))
+            value.shape = ir.Shape(dims)
 
+    def fixed_axes(self, model: ir.Model) -> list[tuple[str, int, int]]:
+        """(name, axis, size) of every axis ``dynamic_axes`` asked to be dynamic that is fixed
+        in ``model``: torch.export found the model needs that size (a convolution's channels,
+        a ViT's image size), where the TorchScript exporter names the axis all the same."""
+        by_name = {v.name: v for v in [*model.graph.inputs, *model.graph.outputs]}
+        fixed = []
+        for name, axes in (self["dynamic_axes"] or {}).items():
+            value = by_name.get(name)
+            if value is None or value.shape is None:
+                continue  # the TorchScript exporter ignores a name it does not know, too
+            dims = list(value.shape)
+            for axis in axes.keys() if isinstance(axes, Mapping) else axes:
+                if -len(dims) <= axis < len(dims) and isinstance(dims[axis], int):
+                    fixed.append((name, axis, dims[axis]))
+        return fixed
 
     def _dynamic_shapes(self, args: tuple[Any, ...], kwargs: dict[str, Any], *,
                         shared: bool) -> dict[str, Any] | None:
@@ -144,8 +180,10 @@ class TorchScriptCall:
         dims: dict[str, Any] = {}
 
         def dim(name: Any) -> Any:
-            if not shared or not isinstance(name, str) or not name.isidentifier():
+            if not isinstance(name, str):
                 return torch.export.Dim.DYNAMIC
+            if not shared or not name.isidentifier():
+                return name  # torch.onnx makes it Dim.DYNAMIC and names the ONNX axis so
             return dims.setdefault(name, torch.export.Dim(name))
 
         def spec(leaf: Any) -> Any:
