@@ -97,3 +97,17 @@ def test_the_launcher_runs_optimum_cli_unchanged(tmp_path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     assert "hierarchical" in done.stderr
     assert _calls(out / "model.onnx", "LlamaDecoderLayer") == (1, LAYERS)
+
+
+def test_ort_model_export_true_is_hierarchical_and_generates_like_torch(tmp_path) -> None:
+    from optimum.onnxruntime import ORTModelForCausalLM
+
+    source = _save(tmp_path, "gpt2")
+    with om.hook() as session:
+        ort_model = ORTModelForCausalLM.from_pretrained(source, export=True)
+    assert [e.hierarchical for e in session.exports] == [True]
+    assert _calls(Path(session.exports[0].path), "GPT2Block") == (1, LAYERS)
+    torch_model = transformers.AutoModelForCausalLM.from_pretrained(source).eval()
+    prompt = torch.tensor([[3, 1, 4, 1, 5]])
+    expected = torch_model.generate(prompt, max_new_tokens=6, do_sample=False)
+    assert torch.equal(ort_model.generate(prompt, max_new_tokens=6, do_sample=False), expected)

@@ -261,8 +261,6 @@ def _through_dynamo(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _export_on_the_dynamo_path(call: TorchScriptCall, session: HookSession) -> str | None:
     """Export ``call`` hierarchically and save it; None when done, else why it could not."""
-    import torch
-
     from onnx_modular.lower.translate import quiet_torch_onnx
 
     functions = call.functions()
@@ -271,16 +269,8 @@ def _export_on_the_dynamo_path(call: TorchScriptCall, session: HookSession) -> s
     inner = HookSession(options, session.strict, session.exports, pending=[])
     token = _open.set((*_open.get(), inner))
     try:
-        with quiet_torch_onnx(), (size_oblivious() if call.specializes()
-                                  else contextlib.nullcontext()):
-            try:
-                onnx_program = torch.onnx.export(call["model"], dynamo=True,
-                                                 **call.dynamo_arguments(shared_dims=True))
-            except OnnxModularError:
-                raise
-            except Exception:  # axes named alike are not equal in this model
-                onnx_program = torch.onnx.export(call["model"], dynamo=True,
-                                                 **call.dynamo_arguments(shared_dims=False))
+        with quiet_torch_onnx():
+            onnx_program = _first_export_that_works(call)
     except OnnxModularError as e:
         if session.strict:
             raise
@@ -306,10 +296,43 @@ def _export_on_the_dynamo_path(call: TorchScriptCall, session: HookSession) -> s
     return None
 
 
+def _first_export_that_works(call: TorchScriptCall) -> Any:
+    """torch.onnx.export(dynamo=True) of ``call``, trying in turn: axes named alike as one
+    dimension, then each on its own; without size specialization where an example size is
+    0 or 1, then with it (a model may branch on that size). The first error is raised."""
+    import torch
+
+    oblivious = [True, False] if call.specializes() else [False]
+    first: Exception | None = None
+    for no_specialization in oblivious:
+        for shared in (True, False):
+            try:
+                with size_oblivious() if no_specialization else contextlib.nullcontext():
+                    return torch.onnx.export(call["model"], dynamo=True,
+                                             **call.dynamo_arguments(shared_dims=shared))
+            except OnnxModularError:
+                raise
+            except Exception as e:
+                first = first or e
+    assert first is not None
+    raise first
+
+
 def _first_line(error: BaseException) -> str:
+    """The error and its root cause, one line each (torch.onnx's own message is a banner)."""
+    root = error
+    while root.__cause__ is not None:
+        root = root.__cause__
+    text = f"{type(error).__name__}: {_text(error)}"
+    if root is not error:
+        text += f" (caused by {type(root).__name__}: {_text(root)})"
+    return text
+
+
+def _text(error: BaseException) -> str:
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).strip()
     lines = [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
-    return f"{type(error).__name__}: {(lines or [''])[0][:300]}"
+    return (lines or [""])[0][:240]
 
 
 # ---- the context manager ----------------------------------------------------------------------
