@@ -193,6 +193,18 @@ def test_dynamo_false_call_keeps_an_axis_dynamic_whose_example_size_is_one(
     assert_close(got, model(**other), 1e-5)
 
 
+def test_dynamo_false_call_with_a_dict_as_args(tmp_path, ort_outputs, assert_close) -> None:
+    """Olive passes its dummy inputs as a dict, not a tuple ending in one."""
+    model = GapInputs().eval()
+    inputs = {"x": torch.randn(2, 8), "mask": torch.rand(2, 8), "scale": torch.randn(2, 8)}
+    path = tmp_path / "dict.onnx"
+    with om.hook() as session:
+        _legacy_export(model, inputs, str(path), input_names=["x", "mask", "scale"])
+    assert session.exports[-1].hierarchical
+    got = ort_outputs(path, (inputs["x"], inputs["mask"], inputs["scale"]))[0]
+    assert_close(got, model(**inputs), 1e-5)
+
+
 def test_dynamo_false_call_to_a_bytes_buffer(ort_outputs, assert_close, tmp_path) -> None:
     import io
 

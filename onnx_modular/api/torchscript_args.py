@@ -68,7 +68,8 @@ class TorchScriptCall:
         interface has been checked.
         """
         args = self["args"]
-        args = (args,) if isinstance(args, torch.Tensor) else tuple(args or ())
+        args = tuple(args) if isinstance(args, (tuple, list)) else (
+            () if args is None else (args,))  # a tensor, or a dict of keyword inputs (Olive)
         kwargs = dict(self["kwargs"] or {})
         if args and isinstance(args[-1], dict):
             kwargs = {**args[-1], **kwargs}
