@@ -151,8 +151,10 @@ def plan(model: torch.nn.Module, checkpoint: Checkpoint
             continue
         value = tensors[name]
         if tuple(value.shape) != tuple(current.shape) or value.dtype != current.dtype:
+            hint = f" (build the model in {value.dtype})" \
+                if tuple(value.shape) == tuple(current.shape) else ""
             raise fail(f"'{name}' is {_describe(value)} in checkpoint {label}, but the model "
-                       f"has {_describe(current)}", rules.CHECKPOINT)
+                       f"has {_describe(current)}{hint}", rules.CHECKPOINT)
         bound.append((slots, value))
     return bound
 

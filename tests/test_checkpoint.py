@@ -33,8 +33,13 @@ def tied_llama(layers: int = 2) -> tuple[torch.nn.Module, tuple]:
     return models.HF(LlamaForCausalLM(cfg).eval()).eval(), models.token_ids()
 
 
+def bf16_llama() -> tuple[torch.nn.Module, tuple]:
+    model, args = models.llama()
+    return model.to(torch.bfloat16), args
+
+
 BUILDERS: dict[str, Callable[[], tuple[torch.nn.Module, tuple]]] = {
-    "gpt2": models.gpt2, "llama": models.llama, "tied": tied_llama}
+    "gpt2": models.gpt2, "llama": models.llama, "tied": tied_llama, "bf16": bf16_llama}
 
 
 def on_meta(build: Callable[[], tuple[torch.nn.Module, tuple]]) -> torch.nn.Module:
@@ -70,7 +75,7 @@ def checkpoint(form: str, model: torch.nn.Module, tmp_path: Path) -> object:
 
 @pytest.mark.parametrize(("name", "form"), [
     ("gpt2", "file"), ("llama", "shards"), ("tied", "file"), ("tied", "shards"),
-    ("llama", "dict")])
+    ("llama", "dict"), ("bf16", "file")])
 def test_weights_export_is_the_materialized_export(name: str, form: str,
                                                    tmp_path: Path) -> None:
     real, args = BUILDERS[name]()
@@ -108,7 +113,8 @@ def test_a_checkpoint_that_does_not_fit_is_one_line_naming_the_parameter() -> No
     for broken, words in [
         ({k: v for k, v in state.items() if k != key}, [key, "is not in checkpoint"]),
         ({**state, key: state[key][:-1]}, [key, "float32 [63, 32]", "float32 [64, 32]"]),
-        ({**state, key: state[key].half()}, [key, "float16", "float32"]),
+        ({**state, key: state[key].half()}, [key, "float16", "float32",
+                                              "build the model in torch.float16"]),
     ]:
         with pytest.raises(OnnxModularError) as excinfo:
             om.export(meta, args, weights=broken)
@@ -194,6 +200,9 @@ def test_split_and_stages_take_weights(tmp_path: Path) -> None:
     assert _parts(tmp_path / "c") == _parts(tmp_path / "d")
     output = om.SplitRunner(tmp_path / "b").run(*args)  # the model's structure: one tensor
     torch.testing.assert_close(output, real(*args), rtol=1e-4, atol=1e-4)
+    # a plan reads shapes only: the meta model needs no checkpoint for it
+    assert str(om.plan_stages(meta, args, num_stages=2)) == \
+        str(om.plan_stages(real, args, num_stages=2))
 
 
 MODEL_FILE = """

@@ -113,13 +113,14 @@ def _module_names(model: Any) -> set[str] | None:
 
 
 def _capture(model: Any, args: Sequence[Any] | None, kwargs: dict[str, Any] | None,
-             ctx: DiagnosticContext, weights: Checkpoint | None = None
-             ) -> torch.export.ExportedProgram:
+             ctx: DiagnosticContext, weights: Checkpoint | None = None,
+             meta_ok: bool = False) -> torch.export.ExportedProgram:
     if isinstance(model, torch.nn.Module) and args is None and not kwargs:
         raise ctx.error(rules.BAD_INPUT, reason=(
             f"example inputs are needed to capture {type(model).__name__}: pass args= "
             "(or an ExportedProgram)"))
-    return capture(model, args if args is not None else (), kwargs, ctx=ctx, weights=weights)
+    return capture(model, args if args is not None else (), kwargs, ctx=ctx, weights=weights,
+                   meta_ok=meta_ok)
 
 
 def plan_stages(model: Any, args: Sequence[Any] | None = None, *,
@@ -129,7 +130,7 @@ def plan_stages(model: Any, args: Sequence[Any] | None = None, *,
     """The balanced plan alone (capture only, no translation): which modules go to which
     stage and the weight bytes of each; ``print(plan)`` shows it. See :func:`split_stages`."""
     ctx = ctx or DiagnosticContext()
-    program = _capture(model, args, kwargs, ctx, weights)
+    program = _capture(model, args, kwargs, ctx, weights, meta_ok=True)  # shapes suffice
     return balanced_plan(stage_pass.without_markers(program), num_stages, max_stage_bytes, ctx)
 
 

@@ -85,7 +85,8 @@ def validate(
         check_checkpoint(model, weights)  # a mismatched checkpoint fails before any run
     elif isinstance(model, torch.nn.Module) and (on_meta := meta_tensor(model)) is not None:
         raise fail(f"'{on_meta}' of {type(model).__name__} is on the meta device (no data): "
-                   "pass its checkpoint as weights=", rules.VALIDATION)
+                   "pass its checkpoint as weights= (--weights on the command line)",
+                   rules.VALIDATION)
 
     with gc_paused():
         return _validate(model, args, kwargs, loaded, chosen, feeds, rtol, atol, localize,

@@ -21,22 +21,24 @@ from onnx_modular.errors import rules
 def capture(model: Any, args: Any = (), kwargs: dict[str, Any] | None = None,
             dynamic_shapes: Any = None,
             ctx: DiagnosticContext | None = None, *,
-            weights: Checkpoint | None = None) -> torch.export.ExportedProgram:
+            weights: Checkpoint | None = None,
+            meta_ok: bool = False) -> torch.export.ExportedProgram:
     """``torch.export.export(..., strict=False)``; an ExportedProgram passes through.
 
     ``weights``: the checkpoint of a model built on the meta device; the program holds its
     tensors, mapped from their files (:mod:`onnx_modular._checkpoint`), and the model gets
-    its own back.
+    its own back. ``meta_ok``: the caller reads shapes only (a stage plan), so a model on
+    the meta device needs no checkpoint.
     """
     ctx = ctx if ctx is not None else DiagnosticContext()
     if weights is not None:
         check_checkpoint(model, weights)  # one line naming the parameter, before any work
-    elif isinstance(model, torch.nn.Module):
+    elif isinstance(model, torch.nn.Module) and not meta_ok:
         on_meta = meta_tensor(model)
         if on_meta is not None:
             raise ctx.error(rules.UNSUPPORTED_INPUT, Location(module_path=""), reason=(
                 f"'{on_meta}' of {type(model).__name__} is on the meta device (no data): "
-                "pass its checkpoint as weights="))
+                "pass its checkpoint as weights= (--weights on the command line)"))
     if isinstance(model, torch.export.ExportedProgram):
         return model
     if not isinstance(model, torch.nn.Module):
