@@ -477,3 +477,16 @@ def ir_save_external(model: ir.Model, path: str | os.PathLike[str], data_name: s
     if {"max_workers", "alignment"} <= _ir_save_parameters():
         options = {"max_workers": 2, "alignment": 64 * 1024}
     ir.save(model, path, external_data=data_name, **options)
+
+
+# ---- transformers ------------------------------------------------------------------------------
+
+def has_transformers_init(module: Any) -> bool:
+    """A transformers ``PreTrainedModel``: it initializes (and computes) its tensors itself."""
+    return callable(getattr(module, "_init_weights", None)) and hasattr(module, "config")
+
+
+def transformers_init_weights(owner: Any, module: Any) -> None:
+    """``owner._init_weights(module)``: transformers' per-module initialization, which also
+    computes non-persistent buffers (rotary ``inv_freq``) from the config."""
+    owner._init_weights(module)

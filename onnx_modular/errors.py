@@ -45,6 +45,7 @@ class rules:  # noqa: N801 - a namespace, read as ``rules.X``
     DENIED_ON_ACC = _rule("OM0307", "denied-op-on-accelerator", "{reason}")
     VALIDATION = _rule("OM0401", "validation", "{reason}")
     BAD_INPUT = _rule("OM0501", "bad-input", "{reason}")
+    CHECKPOINT = _rule("OM0502", "checkpoint", "{reason}")
 
     @classmethod
     def all(cls) -> list[Rule]:

@@ -14,6 +14,7 @@ import onnx
 import onnx_ir as ir
 import torch
 
+from onnx_modular._checkpoint import Checkpoint
 from onnx_modular._io import TWO_GB, save_model
 from onnx_modular._util import gc_paused
 from onnx_modular.diagnostics import Diagnostic, DiagnosticContext, to_sarif
@@ -79,12 +80,17 @@ class ExportResult:
 def export(model: Any, args: Any = (), kwargs: dict[str, Any] | None = None, *,
            functions: Any = "all", dedupe: bool = True, dynamic_shapes: Any = None,
            opset: int | None = None, optimize_model: bool = True,
+           weights: Checkpoint | None = None,
            ctx: DiagnosticContext | None = None) -> ExportResult:
     """Export ``model`` to ONNX with one local function per module call.
 
     ``functions``: ``"all"``, ``"none"`` (flat), or an iterable of module classes, class
     names or module paths (only those become functions; the rest is inlined into the parent).
     ``dedupe``: structurally identical calls share one function.
+    ``weights``: a safetensors file, a directory of shards with
+    ``model.safetensors.index.json``, or a mapping name -> tensor, for a ``model`` built on
+    the meta device: each weight is read from its mapped file only when it is written
+    (:mod:`onnx_modular._checkpoint`); the same file as exporting the materialized model.
     """
     ctx = ctx if ctx is not None else DiagnosticContext()
     if not isinstance(args, tuple):
@@ -96,7 +102,8 @@ def export(model: Any, args: Any = (), kwargs: dict[str, Any] | None = None, *,
     # collections meanwhile rescan the model again and again (10-20% of the export time).
     with gc_paused():
         # pipe_split() markers cut stages (om.split_stages); a whole export ignores them
-        program = without_markers(capture(model, args, kwargs, dynamic_shapes, ctx))
+        program = without_markers(capture(model, args, kwargs, dynamic_shapes, ctx,
+                                          weights=weights))
         translation = translate(program, opset=opset, ctx=ctx)
         report = emit_program(translation.model, translation.program, options, ctx)
     return ExportResult(translation.model, ctx.diagnostics, translation.program,

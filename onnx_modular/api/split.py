@@ -19,6 +19,7 @@ from typing import Any
 import onnx_ir as ir
 import torch
 
+from onnx_modular._checkpoint import Checkpoint
 from onnx_modular._io import atomic_write_bytes
 from onnx_modular.diagnostics import Diagnostic, DiagnosticContext
 from onnx_modular.emit.pipeline import EmitOptions, call_chains, emit_model, program_weights
@@ -206,18 +207,21 @@ def print_preview(plan: SplitPlan, console: Any = None) -> None:
 def split(model: Any, args: Sequence[Any] = (), *, support: Any, min_acc_module_size: int = 1,
           max_acc_splits: int = -1, allow_non_tensor: bool = False, skip_fusion: bool = False,
           kwargs: dict[str, Any] | None = None, opset: int | None = None,
-          hierarchical: bool = True, ctx: DiagnosticContext | None = None) -> SplitResult:
+          hierarchical: bool = True, weights: Checkpoint | None = None,
+          ctx: DiagnosticContext | None = None) -> SplitResult:
     """Split ``model`` into alternating accelerator/CPU regions (splitter_base semantics).
 
     ``support``: an :class:`OperatorSupport`, a callable ``fx.Node -> bool``, an iterable of
     op names (allow list), ``{"allow": [...], "deny": [...]}`` or ``"ort:<ExecutionProvider>"``.
     ``max_acc_splits`` > 0 caps the number of regions (acc and CPU, as splitter_base counts).
     ``hierarchical``: module calls lying wholly in a region become functions of its model.
+    ``weights``: the checkpoint of a model built on the meta device (as for ``om.export``):
+    each region's weights are read from their mapped files as its model is written.
     """
     ctx = ctx or DiagnosticContext()
     check_limits(min_acc_module_size, max_acc_splits)
     op_support = resolve_support(support)
-    program = capture(model, args, kwargs, ctx=ctx)
+    program = capture(model, args, kwargs, ctx=ctx, weights=weights)
     translation = translate_for_parts(program, opset, ctx)
     source = translation.program.module()
     context = SupportContext(fx_to_onnx_nodes(translation.model),

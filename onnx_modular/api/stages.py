@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from onnx_modular._checkpoint import Checkpoint
 from onnx_modular.api.split import SplitResult, translate_for_parts
 from onnx_modular.diagnostics import DiagnosticContext
 from onnx_modular.errors import rules
@@ -112,22 +113,24 @@ def _module_names(model: Any) -> set[str] | None:
 
 
 def _capture(model: Any, args: Sequence[Any] | None, kwargs: dict[str, Any] | None,
-             ctx: DiagnosticContext) -> torch.export.ExportedProgram:
+             ctx: DiagnosticContext, weights: Checkpoint | None = None,
+             meta_ok: bool = False) -> torch.export.ExportedProgram:
     if isinstance(model, torch.nn.Module) and args is None and not kwargs:
         raise ctx.error(rules.BAD_INPUT, reason=(
             f"example inputs are needed to capture {type(model).__name__}: pass args= "
             "(or an ExportedProgram)"))
-    return capture(model, args if args is not None else (), kwargs, ctx=ctx)
+    return capture(model, args if args is not None else (), kwargs, ctx=ctx, weights=weights,
+                   meta_ok=meta_ok)
 
 
 def plan_stages(model: Any, args: Sequence[Any] | None = None, *,
                 num_stages: int | None = None, max_stage_bytes: int | None = None,
-                kwargs: dict[str, Any] | None = None,
+                kwargs: dict[str, Any] | None = None, weights: Checkpoint | None = None,
                 ctx: DiagnosticContext | None = None) -> StagePlan:
     """The balanced plan alone (capture only, no translation): which modules go to which
     stage and the weight bytes of each; ``print(plan)`` shows it. See :func:`split_stages`."""
     ctx = ctx or DiagnosticContext()
-    program = _capture(model, args, kwargs, ctx)
+    program = _capture(model, args, kwargs, ctx, weights, meta_ok=True)  # shapes suffice
     return balanced_plan(stage_pass.without_markers(program), num_stages, max_stage_bytes, ctx)
 
 
@@ -135,8 +138,8 @@ def split_stages(model: Any, args: Sequence[Any] | None = None,
                  split_points: Mapping[str, Any] | None = None, *,
                  num_stages: int | None = None, max_stage_bytes: int | None = None,
                  kwargs: dict[str, Any] | None = None, opset: int | None = None,
-                 hierarchical: bool = True, ctx: DiagnosticContext | None = None
-                 ) -> StagesResult:
+                 hierarchical: bool = True, weights: Checkpoint | None = None,
+                 ctx: DiagnosticContext | None = None) -> StagesResult:
     """Pipeline stages at ``pipe_split()`` markers and/or ``split_points``, or balanced.
 
     ``split_points``: module path -> ``"beginning"`` (cut before the module's call) or
@@ -151,7 +154,7 @@ def split_stages(model: Any, args: Sequence[Any] | None = None,
     ``result.stage_plan``; a budget no cut can meet names the largest indivisible module.
     """
     ctx = ctx or DiagnosticContext()
-    program = _capture(model, args, kwargs, ctx)
+    program = _capture(model, args, kwargs, ctx, weights)
     if num_stages is not None or max_stage_bytes is not None:
         if split_points:
             raise ctx.error(rules.SPLIT_POINT, reason=(
@@ -177,6 +180,7 @@ def split_stages(model: Any, args: Sequence[Any] | None = None,
 def split_by(model_or_program: Any, callback: Callable[[torch.fx.Node], int],
              args: Sequence[Any] | None = None, kwargs: dict[str, Any] | None = None, *,
              opset: int | None = None, hierarchical: bool = True,
+             weights: Checkpoint | None = None,
              ctx: DiagnosticContext | None = None) -> StagesResult:
     """Stages from ``callback(node) -> partition id`` over the captured program's nodes.
 
@@ -185,7 +189,8 @@ def split_by(model_or_program: Any, callback: Callable[[torch.fx.Node], int],
     cycle are an error.
     """
     ctx = ctx or DiagnosticContext()
-    program = stage_pass.without_markers(_capture(model_or_program, args, kwargs, ctx))
+    program = stage_pass.without_markers(_capture(model_or_program, args, kwargs, ctx,
+                                                  weights))
     assignment = stage_pass.from_callback(program, callback, ctx)
     return _build(program, assignment, ctx, opset, hierarchical)
 

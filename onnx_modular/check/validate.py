@@ -20,6 +20,12 @@ import numpy as np
 import torch
 
 from onnx_modular import runtime
+from onnx_modular._checkpoint import (
+    Checkpoint,
+    bound_weights,
+    check_checkpoint,
+    meta_tensor,
+)
 from onnx_modular._compat import tree_leaves
 from onnx_modular._util import gc_paused
 from onnx_modular.check.inputs import as_args, bind_inputs, leaves
@@ -49,6 +55,7 @@ def validate(
     rtol: float | None = None,
     atol: float | None = None,
     localize: bool | str = "auto",
+    weights: Checkpoint | None = None,
 ) -> ValidationReport:
     """Run ``onnx_model`` on ORT and compare every output with ``model(*args, **kwargs)``.
 
@@ -56,6 +63,8 @@ def validate(
     ``providers``: None for every available one of CUDA and CPU; short names ("cpu",
     "cuda") work. ``rtol``/``atol`` override the per-dtype defaults for floating outputs.
     ``localize``: "auto" localizes only when an output diverges; True always; False never.
+    ``weights``: the checkpoint of a ``model`` built on the meta device (as ``om.export``
+    takes it): torch runs on its tensors mapped from their files, bound only while it runs.
     """
     check_tolerances(rtol, atol)
     args = as_args(args)
@@ -72,22 +81,29 @@ def validate(
                    f"got {type(model).__name__}")
     feeds = bind_inputs(loaded.proto, leaves(reference, args, kwargs),
                         f"ONNX model {loaded.label}")
+    if weights is not None:
+        check_checkpoint(model, weights)  # a mismatched checkpoint fails before any run
+    elif isinstance(model, torch.nn.Module) and (on_meta := meta_tensor(model)) is not None:
+        raise fail(f"'{on_meta}' of {type(model).__name__} is on the meta device (no data): "
+                   "pass its checkpoint as weights= (--weights on the command line)",
+                   rules.VALIDATION)
 
     with gc_paused():
         return _validate(model, args, kwargs, loaded, chosen, feeds, rtol, atol, localize,
-                         defaulted, skipped)
+                         defaulted, skipped, weights)
 
 
 def _validate(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
               loaded: runtime.LoadedModel, chosen: list[str], feeds: dict[str, np.ndarray],
               rtol: float | None, atol: float | None, localize: bool | str,
-              defaulted: bool, skipped: dict[str, str]) -> ValidationReport:
+              defaulted: bool, skipped: dict[str, str],
+              weights: Checkpoint | None = None) -> ValidationReport:
     start = time.perf_counter()
     calls = None
     if localize is True:
-        expected, calls = _torch_run(model, args, kwargs, record=True)
+        expected, calls = _torch_run(model, args, kwargs, record=True, weights=weights)
     else:
-        expected, _ = _torch_run(model, args, kwargs, record=False)
+        expected, _ = _torch_run(model, args, kwargs, record=False, weights=weights)
     torch_s = time.perf_counter() - start
     # Asked for up front, the probe is built while the plain session is; not for a large
     # model (memory over speed: its sessions come one at a time, weights mapped)
@@ -132,7 +148,7 @@ def _validate(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
         nonlocal calls
         assert provider is not None
         if calls is None:
-            _, calls = _torch_run(model, args, kwargs, record=True)
+            _, calls = _torch_run(model, args, kwargs, record=True, weights=weights)
         # A model that failed may fail through a fusion: its probe gets ORT's fusions too.
         # One that passed is localized on demand: the probe then skips them (faster to build).
         with gc_paused():
@@ -151,8 +167,15 @@ def _validate(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
 
 
 def _torch_run(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-               record: bool) -> tuple[list[torch.Tensor], list[TorchCall] | None]:
+               record: bool, weights: Checkpoint | None = None
+               ) -> tuple[list[torch.Tensor], list[TorchCall] | None]:
     """Eager outputs as flat tensors; with ``record``, every module call's outputs too."""
+    with bound_weights(model, weights):
+        return _run_eager(model, args, kwargs, record)
+
+
+def _run_eager(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+               record: bool) -> tuple[list[torch.Tensor], list[TorchCall] | None]:
     from onnx_modular.passes.modularize import modularize
 
     target, modularized = model, False

@@ -85,6 +85,9 @@ def add_model_inputs(parser: argparse.ArgumentParser) -> None:
                         "or (args, kwargs)")
     parser.add_argument("--input", action="append", metavar="SHAPE:DTYPE", dest="random_inputs",
                         help="a random input, e.g. 1x8:int64 (repeat once per input)")
+    parser.add_argument("--weights", metavar="PATH",
+                        help="safetensors checkpoint (a file, or a directory of shards with "
+                        "model.safetensors.index.json) for a MODEL built on the meta device")
 
 
 def add_providers(parser: argparse.ArgumentParser, prefix: str = "") -> None:

@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     with common.step("Exporting (capture, translate, outline, optimize)"):
         result = export(model, inputs, kwargs or None, functions=_functions(args),
-                        dedupe=not args.no_dedupe, opset=args.opset)
+                        dedupe=not args.no_dedupe, opset=args.opset, weights=args.weights)
     with common.step(f"Writing {args.output}"):
         result.save(args.output)
     elapsed = time.perf_counter() - start
@@ -72,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.validate:
         return common.EXIT_OK
     with common.step("Validating against ONNX Runtime"):
-        rep = validate(model, inputs, args.output, kwargs=kwargs, providers=providers)
+        rep = validate(model, inputs, args.output, kwargs=kwargs, providers=providers,
+                       weights=args.weights)
     return common.finish(rep, rep.ok, args.report)
 
 

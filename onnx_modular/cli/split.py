@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     model, inputs, kwargs = common.load_model_and_inputs(args)
     if balanced:
         with common.step("Capturing and planning the stages"):
-            program = capture(model, inputs, kwargs or None)
+            program = capture(model, inputs, kwargs or None, weights=args.weights)
             plan = plan_stages(program, num_stages=num_stages, max_stage_bytes=budget)
         common.out.print(str(plan), highlight=False)  # the plan, before the long work
     with common.step("Splitting"):
@@ -91,11 +91,12 @@ def run(args: argparse.Namespace) -> int:
         if balanced:
             parts = split_stages(program, num_stages=num_stages, max_stage_bytes=budget)
         elif support is None:
-            parts = split_stages(model, inputs, split_points=points, kwargs=kwargs or None)
+            parts = split_stages(model, inputs, split_points=points, kwargs=kwargs or None,
+                                 weights=args.weights)
         else:
             parts = split(model, inputs, support=support, kwargs=kwargs or None,
                           min_acc_module_size=args.min_acc_size,
-                          max_acc_splits=args.max_acc_splits)
+                          max_acc_splits=args.max_acc_splits, weights=args.weights)
     if args.markers and len(parts.regions) < 2:
         raise fail(f"--markers: {args.model} has no om.pipe_split() marker that cuts its "
                    "forward(); add om.pipe_split() calls or use --split-points", rules.BAD_INPUT)

@@ -47,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
     model, inputs, kwargs = common.load_model_and_inputs(args)
     with common.step("Validating against ONNX Runtime"):
         rep = validate(model, inputs, loaded, kwargs=kwargs,
-                       providers=providers, rtol=args.rtol, atol=args.atol)
+                       providers=providers, rtol=args.rtol, atol=args.atol,
+                       weights=args.weights)
     code = common.finish(rep, rep.ok, args.report)
     _repro(rep, args)
     return code

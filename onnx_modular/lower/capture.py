@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from onnx_modular._checkpoint import Checkpoint, bound_weights, check_checkpoint, meta_tensor
 from onnx_modular._compat import quiet_libraries, tree_leaves
 from onnx_modular.diagnostics import DiagnosticContext, Location
 from onnx_modular.errors import rules
@@ -19,9 +20,25 @@ from onnx_modular.errors import rules
 
 def capture(model: Any, args: Any = (), kwargs: dict[str, Any] | None = None,
             dynamic_shapes: Any = None,
-            ctx: DiagnosticContext | None = None) -> torch.export.ExportedProgram:
-    """``torch.export.export(..., strict=False)``; an ExportedProgram passes through."""
+            ctx: DiagnosticContext | None = None, *,
+            weights: Checkpoint | None = None,
+            meta_ok: bool = False) -> torch.export.ExportedProgram:
+    """``torch.export.export(..., strict=False)``; an ExportedProgram passes through.
+
+    ``weights``: the checkpoint of a model built on the meta device; the program holds its
+    tensors, mapped from their files (:mod:`onnx_modular._checkpoint`), and the model gets
+    its own back. ``meta_ok``: the caller reads shapes only (a stage plan), so a model on
+    the meta device needs no checkpoint.
+    """
     ctx = ctx if ctx is not None else DiagnosticContext()
+    if weights is not None:
+        check_checkpoint(model, weights)  # one line naming the parameter, before any work
+    elif isinstance(model, torch.nn.Module) and not meta_ok:
+        on_meta = meta_tensor(model)
+        if on_meta is not None:
+            raise ctx.error(rules.UNSUPPORTED_INPUT, Location(module_path=""), reason=(
+                f"'{on_meta}' of {type(model).__name__} is on the meta device (no data): "
+                "pass its checkpoint as weights= (--weights on the command line)"))
     if isinstance(model, torch.export.ExportedProgram):
         return model
     if not isinstance(model, torch.nn.Module):
@@ -30,7 +47,8 @@ def capture(model: Any, args: Any = (), kwargs: dict[str, Any] | None = None,
     if not isinstance(args, tuple):
         args = tuple(args) if isinstance(args, list) else (args,)
     try:
-        with quiet_libraries():  # failures print graphs and log before our one line
+        with quiet_libraries(), bound_weights(model, weights):
+            # (failures print graphs and log before our one line)
             program = torch.export.export(model, args, kwargs or {},
                                           dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as e:
