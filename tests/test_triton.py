@@ -127,16 +127,16 @@ def test_llama_stages_repository_runs_from_its_configs(llama_4_stages, tmp_path)
     np.testing.assert_allclose(got, model(*args).detach().numpy(), rtol=1e-4, atol=1e-4)
 
 
-def test_acc_and_cpu_regions_get_gpu_and_cpu_instances(tmp_path) -> None:
+def test_acc_regions_get_auto_and_cpu_regions_cpu_instances(tmp_path) -> None:
     model, args = models.gpt2(layers=2)
     split = om.split(model, args, support=om.OperatorSupport(deny=["onnx::Softmax"]))
     repo = split.save_triton(tmp_path / "repo", name="gpt2", instances=2)
     configs = repo.configs()
     kinds = {name: pb.ModelInstanceGroup.Kind.Name(c.instance_group[0].kind)
              for name, c in configs.items() if name != "gpt2"}
-    assert kinds == {"gpt2_run_on_acc_0": "KIND_GPU", "gpt2_run_on_cpu_1": "KIND_CPU",
-                     "gpt2_run_on_acc_2": "KIND_GPU", "gpt2_run_on_cpu_3": "KIND_CPU",
-                     "gpt2_run_on_acc_4": "KIND_GPU"}
+    assert kinds == {"gpt2_run_on_acc_0": "KIND_AUTO", "gpt2_run_on_cpu_1": "KIND_CPU",
+                     "gpt2_run_on_acc_2": "KIND_AUTO", "gpt2_run_on_cpu_3": "KIND_CPU",
+                     "gpt2_run_on_acc_4": "KIND_AUTO"}
     assert all(c.instance_group[0].count == 2 for n, c in configs.items() if n != "gpt2")
     assert not list((tmp_path / "repo" / "gpt2_run_on_acc_0" / "1").glob("*.data"))
     check_repository(tmp_path / "repo", "gpt2", repo.models)
