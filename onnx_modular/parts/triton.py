@@ -292,7 +292,7 @@ def _is_int(value: Any) -> bool:
 
 def check_name(name: Any) -> str:
     """A model name Triton and every file system take: one plain path component."""
-    if not isinstance(name, str) or not _NAME.match(name) or len(name) > _NAME_MAX:
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or len(name) > _NAME_MAX:
         raise _fail(f"name={name!r} is not a Triton model name: letters, digits, '_', '-' "
                     f"and '.' (not first), at most {_NAME_MAX} characters")
     return name
