@@ -198,11 +198,23 @@ def test_cli_writes_the_repository(tmp_path, capsys) -> None:
         "def model():\n    return models.gpt2(layers=2)[0]\n"
         "def inputs():\n    return models.gpt2(layers=2)[1]\n")
     repo = tmp_path / "repo"
+    for bad in (["--triton", ""], ["--triton-kind", "cpu"], ["--triton", str(file)]):
+        try:
+            code = main(["split", f"{file}:model", "--inputs", f"{file}:inputs",
+                         "--num-stages", "2", "-o", str(tmp_path / "stages"), *bad])
+        except SystemExit as e:  # a usage error, as argparse's own
+            code = e.code
+        assert code == 2, bad
+        assert not (tmp_path / "stages").exists()
+    capsys.readouterr()
     assert main(["split", f"{file}:model", "--inputs", f"{file}:inputs", "--num-stages", "2",
-                 "-o", str(tmp_path / "stages"), "--triton", str(repo)]) == 0
+                 "-o", str(tmp_path / "stages"), "--triton", str(repo),
+                 "--triton-kind", "cpu"]) == 0
     text = capsys.readouterr().out
     assert f"tritonserver --model-repository {repo}" in text
-    check_repository(repo, "model", ["model_stage_0", "model_stage_1"])
+    configs = check_repository(repo, "model", ["model_stage_0", "model_stage_1"])
+    assert {pb.ModelInstanceGroup.Kind.Name(c.instance_group[0].kind)
+            for c in configs.values() if c.instance_group} == {"KIND_CPU"}
     _, args = models.gpt2(layers=2)
     model, _ = models.gpt2(layers=2)
     (got,) = run_ensemble(repo, "model", {"input_ids": args[0].numpy()}).values()

@@ -15,6 +15,7 @@ import torch
 import triton_server
 
 import onnx_modular as om
+from onnx_modular.cli import main
 from onnx_modular.parts.triton import DEFAULT_MAX_BATCH_SIZE
 
 pytestmark = pytest.mark.skipif(triton_server.missing() is not None,
@@ -143,6 +144,12 @@ def test_two_servers_chain_the_stages_like_split_runner(server, saved, tmp_path)
         np.testing.assert_allclose(got.numpy(), model(*args).detach().numpy(),
                                    rtol=TOL, atol=TOL)
         runner.close()
+        np.savez(tmp_path / "in.npz", input_ids=args[0].numpy())  # the same from the CLI
+        assert main(["triton-run", str(server.repo), str(tmp_path / "in.npz"), "--name",
+                     "gpt2_2st", "--endpoint", f"stage_0={server.url}", "--endpoint",
+                     second.url, "-o", str(tmp_path / "out.npz")]) == 0
+        with np.load(tmp_path / "out.npz") as written:
+            np.testing.assert_array_equal(written[written.files[0]], expected.numpy())
         # saved again: the servers still hold the first save, which the runner refuses
         stages.save_triton(server.repo, name="gpt2_2st")
         stale = om.TritonRunner(server.repo, name="gpt2_2st",

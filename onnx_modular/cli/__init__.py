@@ -13,13 +13,22 @@ from collections.abc import Sequence
 
 from rich.markup import escape
 
-from onnx_modular.cli import common, compare, compare_io, export, inspect, split, validate
+from onnx_modular.cli import (
+    common,
+    compare,
+    compare_io,
+    export,
+    inspect,
+    split,
+    triton_run,
+    validate,
+)
 from onnx_modular.diagnostics import OnnxModularError
 
 __all__ = ["build_parser", "main"]
 
 #: In the order ``--help`` lists them: the pipeline's, then the tools'.
-_SUBCOMMANDS = (export, split, validate, compare, compare_io, inspect)
+_SUBCOMMANDS = (export, split, validate, compare, compare_io, inspect, triton_run)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -144,7 +144,7 @@ class TritonRunner:
         if as_torch:
             import torch
 
-            flat = [torch.from_numpy(np.ascontiguousarray(x)) for x in flat]
+            flat = [torch.from_numpy(np.require(x, requirements=["C", "W"])) for x in flat]
         return flat[0] if len(flat) == 1 else tuple(flat)
 
     __call__ = run
