@@ -46,6 +46,7 @@ from onnx_modular._io import TWO_GB, atomic_write_text, pid_alive, save_model
 from onnx_modular.diagnostics import DiagnosticContext, OnnxModularError
 from onnx_modular.errors import rules
 from onnx_modular.metadata import PARTS_SET_ID
+from onnx_modular.parts.batching import batched_parts, plan_batching
 from onnx_modular.parts.manifest import dtype_name, shape_of
 
 CONFIG = "config.pbtxt"
@@ -264,26 +265,6 @@ def ensemble_config(name: str, model_graph: Any, steps: Sequence[tuple[str, Any]
     return config
 
 
-def batch_dimension(model_graph: Any, parts: Sequence[Any]) -> tuple[str | None, str]:
-    """The symbolic dimension every tensor of the model and its parts has first (the
-    batch Triton may gather requests along), or None and the first tensor without it."""
-    inputs = list(model_graph.inputs)
-    first = shape_of(inputs[0]) if inputs else None
-    symbol = first[0] if first and isinstance(first[0], str) else None
-    if symbol is None:
-        return None, ("the model's first input has no dynamic first dimension (export with "
-                      "dynamic_shapes to batch)")
-    tensors = [("the model", v) for v in [*model_graph.inputs, *model_graph.outputs]]
-    tensors += [(f"part '{p.name}'", v) for p in parts
-                for v in [*p.model.graph.inputs, *p.model.graph.outputs]]
-    for where, v in tensors:
-        shape = shape_of(v)
-        if not shape or shape[0] != symbol:
-            return None, (f"'{v.name}' of {where} has shape {shape}, without the batch "
-                          f"dimension '{symbol}' first")
-    return symbol, ""
-
-
 # --- arguments -----------------------------------------------------------------------------
 
 def _is_int(value: Any) -> bool:
@@ -399,12 +380,22 @@ def save_triton(repo: str | os.PathLike[str], model_graph: Any, parts: Sequence[
                                   max_queue_delay_us=max_queue_delay_us,
                                   part_names=[p.name for p in live])
     out = check_repository_path(repo)
-    symbol, why = batch_dimension(model_graph, live)
+    plan = plan_batching(model_graph, live)
     if max_batch_size is None:
-        max_batch_size = DEFAULT_MAX_BATCH_SIZE if symbol else 0
-    elif max_batch_size > 0 and symbol is None:
+        max_batch_size = DEFAULT_MAX_BATCH_SIZE if plan.symbol else 0
+    elif max_batch_size > 0 and plan.symbol is None:
         raise _fail(f"max_batch_size={max_batch_size}: Triton batches along every tensor's "
-                    f"first dimension, but {why}")
+                    f"first dimension, but {plan.reason}")
+    with batched_parts(live, plan) if max_batch_size > 0 else contextlib.nullcontext():
+        return _save(out, model_graph, live, name=name, max_batch_size=max_batch_size,
+                     instances=instances, ids=ids, kind=chosen,
+                     max_queue_delay_us=max_queue_delay_us, external_data=external_data)
+
+
+def _save(out: Path, model_graph: Any, live: Sequence[Any], *, name: str,
+          max_batch_size: int, instances: int, ids: list[int] | dict[str, list[int]] | None,
+          kind: str | None, max_queue_delay_us: int, external_data: bool | None
+          ) -> TritonRepository:
     threshold = TWO_GB if external_data is None else (0 if external_data else 2**62)
     names = [f"{name}_{p.name.lstrip('_')}" for p in live]
     if name in names or len(set(names)) != len(names):
@@ -428,7 +419,7 @@ def save_triton(repo: str | os.PathLike[str], model_graph: Any, parts: Sequence[
         else:
             part_ids = None
         configs.append(part_config(model_name, part, max_batch_size=max_batch_size,
-                                   instances=instances, gpus=part_ids, kind=chosen,
+                                   instances=instances, gpus=part_ids, kind=kind,
                                    max_queue_delay_us=max_queue_delay_us, set_id=set_id,
                                    ensemble=name))
     parent = _parent(out)
