@@ -124,6 +124,13 @@ def test_concurrent_requests_are_batched_by_the_server(server) -> None:
     for name in repo.models:
         assert stats[name]["inference_count"] == sum(len(x) for x in requests)
         assert stats[name]["execution_count"] < len(requests), stats[name]
+    # the same parts unbatched: the batch size crosses the cut as a scalar (dims [1],
+    # reshaped to []), and any batch size is taken
+    stages.save_triton(server.repo, name="gpt2_unbatched", max_batch_size=0)
+    client.load_model("gpt2_unbatched")
+    (got,) = infer(client, "gpt2_unbatched", {"input_ids": requests[2]}).values()
+    np.testing.assert_allclose(got, model(torch.from_numpy(requests[2])).detach().numpy(),
+                               rtol=TOL, atol=TOL)
     client.close()
 
 

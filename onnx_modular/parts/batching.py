@@ -13,6 +13,9 @@ those are rewritten, in place and undone afterwards (:func:`batched_parts`):
   repeated along a new first dimension (``Expand``) and read back as its row 0 (``Gather``);
 - anything else (a tensor that depends on a request's data and has no batch dimension)
   cannot be batched: :func:`plan_batching` says which, and the parts stay unbatched.
+
+Unbatched, Triton takes no 0-d tensor at all: those crossing a cut are passed as ``[1]``
+(:func:`plan_scalars`).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class BatchPlan:
     reason: str = ""
     batch_sizes: set[str] = dataclasses.field(default_factory=set)  # recomputed by readers
     shared: set[str] = dataclasses.field(default_factory=set)  # passed repeated, row 0 read
+    scalars: set[str] = dataclasses.field(default_factory=set)  # passed as [1] (unbatched)
 
 
 def _first_dim(value: Any) -> str | int | None:
@@ -90,6 +94,19 @@ def plan_batching(model_graph: Any, parts: Sequence[Any]) -> BatchPlan:
     return plan
 
 
+def plan_scalars(model_graph: Any, parts: Sequence[Any]) -> BatchPlan:
+    """Unbatched parts: the 0-d tensors crossing a cut (Triton takes no scalar tensor in a
+    model without batching), passed as ``[1]`` and squeezed back by the reader."""
+    ends = {v.name for v in [*model_graph.inputs, *model_graph.outputs]}
+    plan = BatchPlan(None)
+    for part in parts:
+        graph = part.model.graph
+        for v in [*graph.inputs, *graph.outputs]:
+            if v.shape is not None and len(v.shape) == 0 and v.name not in ends:
+                plan.scalars.add(v.name or "")
+    return plan
+
+
 def _is_batch_size(name: str, producers: dict[str, Any], graph: Any, symbol: str) -> bool:
     """``Shape(x, start=0, end=1)`` (or ``Gather(Shape(x), 0)``) of a model input ``x``
     batched at dim 0, through squeezes, reshapes and casts."""
@@ -136,7 +153,6 @@ def _reads_inputs(name: str, producers: dict[str, Any], model_inputs: set[str]) 
 @contextlib.contextmanager
 def batched_parts(parts: Sequence[Any], plan: BatchPlan) -> Iterator[None]:
     """The parts rewritten as the plan says while inside, restored on the way out."""
-    assert plan.symbol is not None
     undo: list[Any] = []
     try:
         for part in parts:
@@ -150,7 +166,7 @@ def batched_parts(parts: Sequence[Any], plan: BatchPlan) -> Iterator[None]:
 def _rewrite(graph: ir.Graph, plan: BatchPlan, undo: list[Any]) -> None:
     symbol = plan.symbol
     inputs, outputs = list(graph.inputs), list(graph.outputs)
-    batched = next(v for v in inputs if _first_dim(v) == symbol)
+    batched = next((v for v in inputs if _first_dim(v) == symbol), None)
     first: list[ir.Node] = []  # read only graph inputs: go before every node
     last: list[ir.Node] = []  # read the part's results: go after every node
 
@@ -168,7 +184,13 @@ def _rewrite(graph: ir.Graph, plan: BatchPlan, undo: list[Any]) -> None:
     replaced: list[tuple[ir.Value, ir.Value]] = []
     for k, value in enumerate(inputs):
         name = value.name or ""
-        if name in plan.batch_sizes:
+        if name in plan.scalars:
+            one = ir.Value(name=f"{name}__om_1", type=value.type, shape=ir.Shape([1]))
+            axes = constant(first, f"{name}__om_axes", np.array([0], dtype=np.int64))
+            replaced.append((value, add(first, "Squeeze", [one, axes], f"{name}__om_0d")))
+            new_inputs[k] = one
+        elif name in plan.batch_sizes:
+            assert batched is not None
             size = add(first, "Shape", [batched], f"{name}__om_shape", start=0, end=1)
             scalar = add(first, "Squeeze", [size], f"{name}__om_size")
             if value.dtype is not None and value.dtype != ir.DataType.INT64:
@@ -184,9 +206,15 @@ def _rewrite(graph: ir.Graph, plan: BatchPlan, undo: list[Any]) -> None:
             new_inputs[k] = rows
     for k, value in enumerate(outputs):
         name = value.name or ""
-        if name in plan.batch_sizes:
+        if name in plan.scalars:
+            axes = constant(last, f"{name}__om_axes", np.array([0], dtype=np.int64))
+            one = add(last, "Unsqueeze", [value, axes], f"{name}__om_1")
+            one.dtype, one.shape = value.dtype, ir.Shape([1])
+            new_outputs[k] = one
+        elif name in plan.batch_sizes:
             new_outputs[k] = None
         elif name in plan.shared:
+            assert batched is not None
             size = add(last, "Shape", [batched], f"{name}__om_batch", start=0, end=1)
             dims = add(last, "Shape", [value], f"{name}__om_dims")
             shape = add(last, "Concat", [size, dims], f"{name}__om_rowshape", axis=0)

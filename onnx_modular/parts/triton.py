@@ -46,7 +46,7 @@ from onnx_modular._io import TWO_GB, atomic_write_text, pid_alive, save_model
 from onnx_modular.diagnostics import DiagnosticContext, OnnxModularError
 from onnx_modular.errors import rules
 from onnx_modular.metadata import PARTS_SET_ID
-from onnx_modular.parts.batching import batched_parts, plan_batching
+from onnx_modular.parts.batching import batched_parts, plan_batching, plan_scalars
 from onnx_modular.parts.manifest import dtype_name, shape_of
 
 CONFIG = "config.pbtxt"
@@ -193,7 +193,12 @@ def _data_type(value: Any, part: str) -> int:
 def _tensor(message: Any, value: Any, part: str, batched: bool) -> None:
     message.name = value.name
     message.data_type = _data_type(value, part)
-    message.dims.extend(_dims(value, part, batched))
+    dims = _dims(value, part, batched)
+    if dims:
+        message.dims.extend(dims)
+    else:  # a scalar (or [batch]): Triton wants dims, so [1], reshaped to [] for the model
+        message.dims.append(1)
+        message.reshape.SetInParent()
 
 
 def _set_parameters(config: Any, set_id: str | None, ensemble: str | None) -> None:
@@ -386,7 +391,9 @@ def save_triton(repo: str | os.PathLike[str], model_graph: Any, parts: Sequence[
     elif max_batch_size > 0 and plan.symbol is None:
         raise _fail(f"max_batch_size={max_batch_size}: Triton batches along every tensor's "
                     f"first dimension, but {plan.reason}")
-    with batched_parts(live, plan) if max_batch_size > 0 else contextlib.nullcontext():
+    if max_batch_size == 0:
+        plan = plan_scalars(model_graph, live)
+    with batched_parts(live, plan):
         return _save(out, model_graph, live, name=name, max_batch_size=max_batch_size,
                      instances=instances, ids=ids, kind=chosen,
                      max_queue_delay_us=max_queue_delay_us, external_data=external_data)
