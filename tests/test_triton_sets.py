@@ -79,8 +79,12 @@ def test_resaving_fewer_stages_replaces_the_set_and_keeps_the_rest(net_stages, t
     os.chmod(repo / "m_stage_0" / "config.pbtxt", 0o600)
     os.chmod(repo / "m_stage_0", 0o700)
     foreign = {n: snapshot(repo / n) for n in ("other", "m_custom")}
+    for stray in (".m_stage_1.k2j_9x0a", ".m.old-abcd1234"):  # killed saves of old releases
+        (repo / stray / "1").mkdir(parents=True)
+        (repo / stray / "config.pbtxt").write_text('name: "m_stage_1"\n')
     second = two.save_triton(repo, name="m")
     assert ours(repo) == ["m", "m_stage_0", "m_stage_1"]  # no stale m_stage_2 to load
+    assert not [p for p in repo.iterdir() if p.name.startswith(".")]  # Triton fails on those
     assert second.version == 2 and second.set_id != first.set_id
     assert consistent(repo) == second.set_id
     steps = second.configs()["m"].ensemble_scheduling.step

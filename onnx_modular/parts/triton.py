@@ -410,6 +410,7 @@ def _save(out: Path, model_graph: Any, live: Sequence[Any], *, name: str,
     steps = list(zip(names, live))
     if out.is_dir():
         _recover(out)
+        _remove_stray_staging(out, name)
     old = _old_set(out, name)
     version = 1 + max((_versions(out / m) for m in old), default=0)
     set_id = secrets.token_hex(8)
@@ -464,6 +465,16 @@ def _write_model_dir(directory: Path, version: int, config: Any, model: Any,
     text = text_format.MessageToString(config)
     parse_config(text)  # what Triton reads back must be what was meant
     atomic_write_text(directory / CONFIG, text)
+
+
+def _remove_stray_staging(out: Path, name: str) -> None:
+    """Hidden model directories of this set that saves before sets were staged beside the
+    repository left inside it when killed (``.<model>.<8 chars>``, ``.<model>.old-<8>``):
+    Triton refuses to start over them."""
+    pattern = re.compile(rf"^\.{re.escape(name)}(_[A-Za-z0-9_.-]+)?\.(old-)?[a-z0-9_]{{8}}$")
+    for entry in out.iterdir():
+        if pattern.match(entry.name) and entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 def _versions(directory: Path) -> int:
