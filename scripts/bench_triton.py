@@ -72,6 +72,7 @@ def throughput(url: str, model: str, rows: list[np.ndarray], concurrent: int
     client = http.InferenceServerClient(url, concurrency=concurrent, network_timeout=300)
     for x in rows[:concurrent]:  # warm-up
         client.infer(model, request({"input_ids": x}))
+    time.sleep(0.5)  # the server counts an execution a moment after it answers
     before = {s["name"]: s["execution_count"]
               for s in client.get_inference_statistics()["model_stats"]}
     start = time.perf_counter()

@@ -203,6 +203,13 @@ def test_bad_arguments_are_one_line_and_write_nothing(net_stages, tmp_path, kwar
 def test_a_repository_that_is_a_file_or_has_no_parent_is_one_line(net_stages, tmp_path
                                                                    ) -> None:
     three, _ = net_stages
+    foreign_models(tmp_path / "repo")
+    before = snapshot(tmp_path)
+    with pytest.raises(om.OnnxModularError, match="did not write .* left alone"):
+        three.save_triton(tmp_path / "repo", name="other")  # someone else's ensemble name
+    with pytest.raises(om.OnnxModularError, match="m_custom' is a model onnx_modular did not"):
+        three.save_triton(tmp_path / "repo", name="m_custom")
+    assert snapshot(tmp_path) == before
     (tmp_path / "f").write_text("x")
     with pytest.raises(om.OnnxModularError, match="it is a file"):
         three.save_triton(tmp_path / "f")

@@ -412,6 +412,10 @@ def _save(out: Path, model_graph: Any, live: Sequence[Any], *, name: str,
         _recover(out)
         _remove_stray_staging(out, name)
     old = _old_set(out, name)
+    foreign = [m for m in [*names, name] if m not in old and (out / m).exists()]
+    if foreign:
+        raise _fail(f"'{out / foreign[0]}' is a model onnx_modular did not write for the "
+                    f"ensemble '{name}'; it is left alone: save under another name")
     version = 1 + max((_versions(out / m) for m in old), default=0)
     set_id = secrets.token_hex(8)
     # the ensemble first: a model Triton could not wire must fail before anything is written
@@ -487,19 +491,26 @@ def _versions(directory: Path) -> int:
 
 
 def _old_set(out: Path, name: str) -> list[str]:
-    """The models the ensemble ``name`` had: its directory and every part directory whose
-    config says it belongs to it (a model of another ensemble or of nobody's is left)."""
+    """The models the ensemble ``name`` had: its directory, the parts its steps name and
+    every part directory whose config says it belongs to it (a model of another ensemble or
+    of nobody's is left)."""
     if not out.is_dir():
         return []
     found = []
     for entry in sorted(out.iterdir()):
-        if entry.name == name and entry.is_dir():
+        if not entry.is_dir() or not (entry.name == name or entry.name.startswith(f"{name}_")):
+            continue
+        config = read_config(entry)
+        if config is None:
+            continue
+        steps = [s.model_name for s in config.ensemble_scheduling.step]
+        if entry.name == name and config.platform == "ensemble" and steps and all(
+                m.startswith(f"{name}_") for m in steps):
+            found.append(entry.name)  # (an ensemble saved before sets had ids, too)
+            found.extend(m for m in steps if (out / m).is_dir())
+        elif config_parameter(config, ENSEMBLE_KEY) == name:
             found.append(entry.name)
-        elif entry.name.startswith(f"{name}_") and entry.is_dir():
-            config = read_config(entry)
-            if config is not None and config_parameter(config, ENSEMBLE_KEY) == name:
-                found.append(entry.name)
-    return found
+    return sorted(set(found))
 
 
 def _keep_modes(old: Path, new: Path, version: int) -> None:
