@@ -265,3 +265,18 @@ def test_any_arguments_give_a_loadable_set_or_one_line_and_no_change(net_stages,
     assert snapshot(repo / "other") == {k.removeprefix("repo/other/"): v
                                         for k, v in before.items()
                                         if k.startswith("repo/other/")}
+
+
+def test_a_set_saved_before_sets_had_ids_is_replaced_whole(net_stages, tmp_path) -> None:
+    """Configs without parameters (as saved before this release): the ensemble's steps
+    say which models were its, so they are replaced and none is left behind."""
+    three, two = net_stages
+    repo = tmp_path / "repo"
+    three.save_triton(repo, name="m")
+    for config_file in repo.glob("m*/config.pbtxt"):
+        config = triton.parse_config(config_file.read_text())
+        config.ClearField("parameters")
+        config_file.write_text(str(config))
+    two.save_triton(repo, name="m")
+    assert ours(repo) == ["m", "m_stage_0", "m_stage_1"]
+    assert consistent(repo) is not None
