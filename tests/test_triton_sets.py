@@ -280,3 +280,20 @@ def test_a_set_saved_before_sets_had_ids_is_replaced_whole(net_stages, tmp_path)
     two.save_triton(repo, name="m")
     assert ours(repo) == ["m", "m_stage_0", "m_stage_1"]
     assert consistent(repo) is not None
+
+
+def test_triton_runner_says_in_one_line_what_is_missing(net_stages, tmp_path) -> None:
+    pytest.importorskip("geventhttpclient")  # tritonclient[http]
+    three, _ = net_stages
+    repo = tmp_path / "repo"
+    three.save_triton(repo, name="m")
+    with pytest.raises(om.OnnxModularError, match="no endpoint for model 'm_stage_2'"):
+        om.TritonRunner(repo, {"stage_0": "127.0.0.1:1", "m_stage_1": "127.0.0.1:1"})
+    with pytest.raises(om.OnnxModularError, match="protocol='tcp'"):
+        om.TritonRunner(repo, "127.0.0.1:1", protocol="tcp")
+    runner = om.TritonRunner(repo, {"*": "http://127.0.0.1:1"}, timeout=5)
+    assert [s[0] for s in runner.steps] == ["m_stage_0", "m_stage_1", "m_stage_2"]
+    with pytest.raises(om.OnnxModularError, match="takes 1 input"):
+        runner.run()
+    with pytest.raises(om.OnnxModularError, match="no Triton server answers at 127.0.0.1:1"):
+        runner.run(torch.randn(2, models.DIM))

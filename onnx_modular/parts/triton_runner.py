@@ -99,6 +99,9 @@ class TritonRunner:
         url = self.endpoints[model]
         try:
             config = self.client(model).get_model_config(model)
+        except OSError as e:
+            raise fail(f"no Triton server answers at {url} (the endpoint of '{model}'): "
+                       f"{_first_line(e)}", rules.VALIDATION) from e
         except Exception as e:
             raise fail(f"model '{model}' is not served at {url}: {_first_line(e)} (load it "
                        f"there: tritonserver ... --load-model {model})", rules.VALIDATION) from e
@@ -162,7 +165,7 @@ def _endpoint(endpoints: str | Mapping[str, str], model: str, part: str) -> str:
         url = endpoints.get(model) or endpoints.get(part) or endpoints["*"]
     else:
         raise fail(f"no endpoint for model '{model}' (give endpoints={{'{part}': "
-                   "'host:port', ...}} or '*' for the rest)")
+                   "'host:port', ...} or '*' for the rest)")
     if not isinstance(url, str) or not url:
         raise fail(f"endpoint of '{model}' must be 'host:port', got {url!r}")
     return url.split("://", 1)[-1]
