@@ -24,6 +24,7 @@ from onnx_modular.diagnostics import (
 from onnx_modular.lower.capture import capture
 from onnx_modular.metadata import CallInfo
 from onnx_modular.parts.runner import SplitRunner
+from onnx_modular.parts.triton_runner import TritonRunner
 from onnx_modular.passes.modularize import modularize, module_call_chains
 from onnx_modular.passes.stages import pipe_split
 from onnx_modular.support.operator_support import OperatorSupport
@@ -49,6 +50,7 @@ __all__ = [
     "Rule",
     "SplitResult",
     "SplitRunner",
+    "TritonRunner",
     "modularize",
     "module_call_chains",
     "split",

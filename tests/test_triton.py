@@ -18,7 +18,7 @@ import onnx_modular as om
 from onnx_modular.cli import main
 
 pytest.importorskip("tritonclient")  # in the test extra; its protobufs define the configs
-from onnx_modular.parts.triton import model_config_pb2
+from onnx_modular.parts.triton import DEFAULT_MAX_BATCH_SIZE, model_config_pb2
 
 pb = model_config_pb2()
 
@@ -45,11 +45,17 @@ def run_ensemble(repo: Path, ensemble: str, feeds: dict[str, np.ndarray]
     step's model is found, typed and wired from the configs alone."""
     config = read_config(repo / ensemble)
     assert config.platform == "ensemble"
+    batch = config.max_batch_size > 0  # then dims leave the batch dimension out
+
+    def fits(dims, shape) -> bool:
+        return dims_fit(dims, shape[1:] if batch else shape) and (
+            not batch or shape[0] <= config.max_batch_size)
+
     tensors: dict[str, np.ndarray] = {}
     for entry in config.input:
         value = feeds[entry.name]
         assert value.dtype == NUMPY_TYPES[pb.DataType.Name(entry.data_type)]
-        assert dims_fit(entry.dims, value.shape)
+        assert fits(entry.dims, value.shape)
         tensors[entry.name] = value
     pending = list(config.ensemble_scheduling.step)
     while pending:
@@ -61,6 +67,8 @@ def run_ensemble(repo: Path, ensemble: str, feeds: dict[str, np.ndarray]
         model_config = read_config(model_dir)
         assert model_config.name == step.model_name
         assert model_config.backend == "onnxruntime"
+        assert model_config.max_batch_size == config.max_batch_size
+        assert model_config.HasField("dynamic_batching") == batch
         versions = sorted(int(p.name) for p in model_dir.iterdir() if p.name.isdigit())
         version = step.model_version if step.model_version > 0 else versions[-1]
         file = model_dir / str(version) / (model_config.default_model_filename or "model.onnx")
@@ -72,12 +80,12 @@ def run_ensemble(repo: Path, ensemble: str, feeds: dict[str, np.ndarray]
         feed = {}
         for model_input, tensor in step.input_map.items():
             entry = declared_in[model_input]
-            assert dims_fit(entry.dims, tensors[tensor].shape)
+            assert fits(entry.dims, tensors[tensor].shape)
             feed[model_input] = tensors[tensor]
         names = [e.name for e in model_config.output]
         results = dict(zip(names, session.run(names, feed)))
         for entry in model_config.output:
-            assert dims_fit(entry.dims, results[entry.name].shape)
+            assert fits(entry.dims, results[entry.name].shape)
             assert results[entry.name].dtype == NUMPY_TYPES[pb.DataType.Name(entry.data_type)]
         for model_output, tensor in step.output_map.items():
             assert tensor not in tensors, f"two producers of '{tensor}'"
@@ -127,16 +135,16 @@ def test_llama_stages_repository_runs_from_its_configs(llama_4_stages, tmp_path)
     np.testing.assert_allclose(got, model(*args).detach().numpy(), rtol=1e-4, atol=1e-4)
 
 
-def test_acc_and_cpu_regions_get_gpu_and_cpu_instances(tmp_path) -> None:
+def test_acc_regions_get_auto_and_cpu_regions_cpu_instances(tmp_path) -> None:
     model, args = models.gpt2(layers=2)
     split = om.split(model, args, support=om.OperatorSupport(deny=["onnx::Softmax"]))
     repo = split.save_triton(tmp_path / "repo", name="gpt2", instances=2)
     configs = repo.configs()
     kinds = {name: pb.ModelInstanceGroup.Kind.Name(c.instance_group[0].kind)
              for name, c in configs.items() if name != "gpt2"}
-    assert kinds == {"gpt2_run_on_acc_0": "KIND_GPU", "gpt2_run_on_cpu_1": "KIND_CPU",
-                     "gpt2_run_on_acc_2": "KIND_GPU", "gpt2_run_on_cpu_3": "KIND_CPU",
-                     "gpt2_run_on_acc_4": "KIND_GPU"}
+    assert kinds == {"gpt2_run_on_acc_0": "KIND_AUTO", "gpt2_run_on_cpu_1": "KIND_CPU",
+                     "gpt2_run_on_acc_2": "KIND_AUTO", "gpt2_run_on_cpu_3": "KIND_CPU",
+                     "gpt2_run_on_acc_4": "KIND_AUTO"}
     assert all(c.instance_group[0].count == 2 for n, c in configs.items() if n != "gpt2")
     assert not list((tmp_path / "repo" / "gpt2_run_on_acc_0" / "1").glob("*.data"))
     check_repository(tmp_path / "repo", "gpt2", repo.models)
@@ -198,12 +206,75 @@ def test_cli_writes_the_repository(tmp_path, capsys) -> None:
         "def model():\n    return models.gpt2(layers=2)[0]\n"
         "def inputs():\n    return models.gpt2(layers=2)[1]\n")
     repo = tmp_path / "repo"
+    for bad in (["--triton", ""], ["--triton-kind", "cpu"], ["--triton", str(file)]):
+        try:
+            code = main(["split", f"{file}:model", "--inputs", f"{file}:inputs",
+                         "--num-stages", "2", "-o", str(tmp_path / "stages"), *bad])
+        except SystemExit as e:  # a usage error, as argparse's own
+            code = e.code
+        assert code == 2, bad
+        assert not (tmp_path / "stages").exists()
+    capsys.readouterr()
     assert main(["split", f"{file}:model", "--inputs", f"{file}:inputs", "--num-stages", "2",
-                 "-o", str(tmp_path / "stages"), "--triton", str(repo)]) == 0
+                 "-o", str(tmp_path / "stages"), "--triton", str(repo),
+                 "--triton-kind", "cpu"]) == 0
     text = capsys.readouterr().out
     assert f"tritonserver --model-repository {repo}" in text
-    check_repository(repo, "model", ["model_stage_0", "model_stage_1"])
+    configs = check_repository(repo, "model", ["model_stage_0", "model_stage_1"])
+    assert {pb.ModelInstanceGroup.Kind.Name(c.instance_group[0].kind)
+            for c in configs.values() if c.instance_group} == {"KIND_CPU"}
     _, args = models.gpt2(layers=2)
     model, _ = models.gpt2(layers=2)
     (got,) = run_ensemble(repo, "model", {"input_ids": args[0].numpy()}).values()
     np.testing.assert_allclose(got, model(*args).detach().numpy(), rtol=1e-4, atol=1e-4)
+
+
+def dynamic_batch(model, args, **split):
+    """``split_stages`` of ``model`` exported with its first input's batch dimension
+    dynamic (an export per split: a second split of one program specializes the batch)."""
+    batch = torch.export.Dim("batch", max=64)
+    program = torch.export.export(model, args, dynamic_shapes=({0: batch},), strict=False)
+    return om.split_stages(program, **split)
+
+
+def test_dynamic_batch_parts_are_batched_with_the_cut_tensors_rewritten(tmp_path) -> None:
+    """Llama's stages pass the batch size (0-d) and the rotary tables ([1, seq, d]) across
+    the cut: the first is taken from a batched input, the second passed repeated along the
+    batch; every tensor of every part then has the batch first. The parts stay as they
+    were for everything else (SplitRunner's files)."""
+    model, args = models.llama(layers=2)
+    stages = dynamic_batch(model, args, num_stages=2)
+    before = [g.model.graph for g in stages.region_graphs()]
+    shapes = [([str(v.shape) for v in g.inputs], [str(v.shape) for v in g.outputs], len(g))
+              for g in before]
+    repo = stages.save_triton(tmp_path / "repo", name="llama")
+    assert repo.max_batch_size == DEFAULT_MAX_BATCH_SIZE
+    assert shapes == [([str(v.shape) for v in g.inputs], [str(v.shape) for v in g.outputs],
+                       len(g)) for g in before]  # undone
+    configs = repo.configs()
+    stage_1 = configs["llama_stage_1"]
+    assert any(e.name.endswith("__om_rows") for e in stage_1.input)  # a shared table
+    assert not any(list(e.dims) == [] for e in stage_1.input)  # the batch size is gone
+    ids = torch.randint(0, 99, (5, 8), generator=torch.Generator().manual_seed(1))
+    (got,) = run_ensemble(tmp_path / "repo", "llama", {"input_ids": ids.numpy()}).values()
+    np.testing.assert_allclose(got, model(ids).detach().numpy(), rtol=1e-4, atol=1e-4)
+    stages.save(tmp_path / "parts")  # the parts as they were, run at another batch size
+    ids = ids[:3]
+    np.testing.assert_allclose(om.SplitRunner(tmp_path / "parts").run(ids).numpy(),
+                               model(ids).detach().numpy(), rtol=1e-4, atol=1e-4)
+
+
+class BatchMean(nn.Module):
+    """Each row plus the batch's mean row: the mean crosses the cut without a batch dim."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mean = (x * 2).mean(0)
+        om.pipe_split()
+        return torch.relu(x) + mean
+
+
+def test_a_cut_tensor_that_depends_on_the_request_keeps_the_parts_unbatched(tmp_path) -> None:
+    stages = dynamic_batch(BatchMean(), (torch.randn(4, 3),))
+    assert stages.save_triton(tmp_path / "repo").max_batch_size == 0
+    with pytest.raises(om.OnnxModularError, match="depends on the request"):
+        stages.save_triton(tmp_path / "repo", max_batch_size=4)

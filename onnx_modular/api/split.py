@@ -159,18 +159,25 @@ class SplitResult:
         return target
 
     def save_triton(self, repo: str | os.PathLike[str], *, name: str = "model",
-                    instances: int = 1, gpus: Any = None,
+                    instances: int = 1, gpus: Any = None, kind: str | None = None,
+                    max_batch_size: int | None = None, max_queue_delay_us: int = 0,
                     external_data: bool | None = None) -> TritonRepository:
-        """A Triton model repository: one onnxruntime model per part (``KIND_GPU`` for
-        accelerator parts and stages, ``KIND_CPU`` for CPU regions) and the ensemble
-        ``name`` that chains them; serve it with ``tritonserver --model-repository repo``.
+        """A Triton model repository: one onnxruntime model per part and the ensemble
+        ``name`` that chains them, saved as one set; serve it with ``tritonserver
+        --model-repository repo``.
 
-        ``instances``: instances per part; ``gpus``: GPU ids the accelerator parts are
-        spread over in turn (or part name -> ids); ``external_data``: weights beside each
-        model in ``model.onnx.data`` (``None``: only above 2 GB).
+        ``kind``: accelerator parts' instances, ``auto`` (default; ``gpu`` where ``gpus``
+        is given) or ``cpu`` (CPU regions are always ``KIND_CPU``); ``instances``: instances
+        per part; ``gpus``: GPU ids the accelerator parts are spread over in turn (or part
+        name -> ids); ``max_batch_size``: ``None`` batches where the parts keep the model's
+        dynamic batch dimension (``max_queue_delay_us``: how long a request waits for others
+        to batch with); ``external_data``: weights beside each model in
+        ``model.onnx.<id>.data`` (``None``: only above 2 GB). See :func:`save_triton`.
         """
         return save_triton(repo, self.onnx_model.graph, self.region_graphs(), name=name,
-                           instances=instances, gpus=gpus, external_data=external_data)
+                           instances=instances, gpus=gpus, kind=kind,
+                           max_batch_size=max_batch_size,
+                           max_queue_delay_us=max_queue_delay_us, external_data=external_data)
 
     def preview(self, console: Any = None) -> None:
         """Print the operator-support and region tables."""

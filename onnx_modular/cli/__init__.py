@@ -21,6 +21,7 @@ from onnx_modular.cli import (
     hook,
     inspect,
     split,
+    triton_run,
     validate,
 )
 from onnx_modular.diagnostics import OnnxModularError
@@ -28,7 +29,7 @@ from onnx_modular.diagnostics import OnnxModularError
 __all__ = ["build_parser", "main"]
 
 #: In the order ``--help`` lists them: the pipeline's, then the tools'.
-_SUBCOMMANDS = (export, split, validate, compare, compare_io, inspect, hook)
+_SUBCOMMANDS = (export, split, validate, compare, compare_io, inspect, hook, triton_run)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from rich.markup import escape
@@ -17,6 +16,7 @@ from onnx_modular.cli import common
 from onnx_modular.errors import fail, rules
 from onnx_modular.lower.capture import capture
 from onnx_modular.parts.manifest import check_parts_directory
+from onnx_modular.parts.triton import check_repository_path
 from onnx_modular.support.operator_support import (
     OperatorSupport,
     load_support_file,
@@ -43,6 +43,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="pipeline stages of at most SIZE weight bytes each (2GB, 512MiB)")
     p.add_argument("--triton", metavar="DIR",
                    help="also write a Triton model repository (a model per part + ensemble)")
+    p.add_argument("--triton-kind", choices=("auto", "gpu", "cpu"), default=None,
+                   help="instances of the accelerator parts in the Triton repository: auto "
+                   "(default: GPUs where the server has them, else CPU), gpu or cpu; CPU "
+                   "regions are always cpu")
     p.add_argument("--min-acc-size", type=_count(0), default=1, metavar="N",
                    help="acc regions of fewer nodes go to the CPU (default 1)")
     p.add_argument("--max-acc-splits", type=_count(1, -1), default=-1, metavar="N",
@@ -75,8 +79,10 @@ def run(args: argparse.Namespace) -> int:
     """
     num_stages, budget = _balanced_options(args)
     check_parts_directory(args.output)
-    if args.triton and Path(args.triton).exists() and not Path(args.triton).is_dir():
-        raise fail(f"--triton: '{args.triton}' is a file, not a directory", rules.BAD_INPUT)
+    if args.triton_kind and args.triton is None:
+        common.usage_error("split", "argument --triton-kind: needs --triton DIR")
+    if args.triton is not None:
+        check_repository_path(args.triton)  # '' included: a flag given is not ignored
     balanced = num_stages is not None or budget is not None
     support = None if balanced or args.split_points or args.markers else _support(args)
     points = parse_split_points(args.split_points) if args.split_points else None
@@ -107,9 +113,9 @@ def run(args: argparse.Namespace) -> int:
         parts.save(args.output)
     common.out.print(f"{len(parts.regions)} part(s) and manifest.json written to "
                      f"{escape(args.output)}")
-    if args.triton:
+    if args.triton is not None:
         with common.step(f"Writing the Triton model repository {args.triton}"):
-            repo = parts.save_triton(args.triton)
+            repo = parts.save_triton(args.triton, kind=args.triton_kind)
         common.out.print(f"Triton model repository written to {args.triton}: "
                          f"{', '.join(repo.models)} (ensemble '{repo.ensemble}'); serve it "
                          f"with tritonserver --model-repository {args.triton}",

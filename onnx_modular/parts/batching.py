@@ -1,0 +1,252 @@
+"""Give every tensor the parts exchange the batch dimension, so that Triton can batch them.
+
+Triton's dynamic batcher gathers requests along the first dimension of every input and
+output of a model. Parts cut from a model exported with a dynamic batch dimension often
+pass tensors without it across a cut: the batch size itself (a 0-d ``sym_size``), or a
+table every request shares (rotary ``cos``/``sin`` of shape ``[1, seq, d]``). For Triton
+those are rewritten, in place and undone afterwards (:func:`batched_parts`):
+
+- a 0-d batch size (``Shape(x)[0]`` of a model input ``x`` batched at dim 0) is no longer
+  passed: the reading part takes it from the first dimension of one of its own batched
+  inputs (what the batched execution really holds);
+- a tensor that depends on no model input (only on weights and constants) is passed
+  repeated along a new first dimension (``Expand``) and read back as its row 0 (``Gather``);
+- anything else (a tensor that depends on a request's data and has no batch dimension)
+  cannot be batched: :func:`plan_batching` says which, and the parts stay unbatched.
+
+Unbatched, Triton takes no 0-d tensor at all: those crossing a cut are passed as ``[1]``
+(:func:`plan_scalars`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from onnx_modular.parts.manifest import shape_of
+
+_PASS_THROUGH = frozenset({"Squeeze", "Reshape", "Cast", "Identity", "CastLike"})
+
+
+@dataclasses.dataclass
+class BatchPlan:
+    """Where the batch dimension is, and which tensors crossing a cut need a rewrite."""
+
+    symbol: str | None  # the batch dimension's name; None: cannot batch (``reason`` says why)
+    reason: str = ""
+    batch_sizes: set[str] = dataclasses.field(default_factory=set)  # recomputed by readers
+    shared: set[str] = dataclasses.field(default_factory=set)  # passed repeated, row 0 read
+    scalars: set[str] = dataclasses.field(default_factory=set)  # passed as [1] (unbatched)
+
+
+def _first_dim(value: Any) -> str | int | None:
+    shape = shape_of(value)
+    return shape[0] if shape else None
+
+
+def plan_batching(model_graph: Any, parts: Sequence[Any]) -> BatchPlan:
+    """The batch dimension every model input and output has first, and the cut tensors
+    without it that can be rewritten; or why the parts cannot be batched."""
+    inputs = list(model_graph.inputs)
+    symbol = _first_dim(inputs[0]) if inputs else None
+    if not isinstance(symbol, str):
+        return BatchPlan(None, "the model's first input has no dynamic first dimension "
+                         "(export with dynamic_shapes to batch)")
+    for v in [*model_graph.inputs, *model_graph.outputs]:
+        if _first_dim(v) != symbol:
+            return BatchPlan(None, f"the model's '{v.name}' has shape {shape_of(v)}, without "
+                             f"the batch dimension '{symbol}' first")
+    producers = {o.name: n for n in model_graph for o in n.outputs}
+    model_inputs = {v.name for v in inputs}
+    plan = BatchPlan(symbol)
+    for part in parts:
+        graph = part.model.graph
+        for v in [*graph.inputs, *graph.outputs]:
+            if _first_dim(v) == symbol or v.name in plan.batch_sizes | plan.shared:
+                continue
+            if v.name in model_inputs:
+                return BatchPlan(None, f"'{v.name}' has no batch dimension first")
+            if _is_batch_size(v.name, producers, model_graph, symbol):
+                plan.batch_sizes.add(v.name)
+            elif not _reads_inputs(v.name, producers, model_inputs):
+                plan.shared.add(v.name)
+            else:
+                return BatchPlan(None, f"'{v.name}' of part '{part.name}' has shape "
+                                 f"{shape_of(v)}, without the batch dimension '{symbol}' "
+                                 "first, and depends on the request")
+    for part in parts:
+        graph = part.model.graph
+        through = {v.name for v in graph.inputs} & {v.name for v in graph.outputs}
+        if through & (plan.batch_sizes | plan.shared):
+            return BatchPlan(None, f"part '{part.name}' passes "
+                             f"'{sorted(through)[0]}' on unchanged")
+        if not any(_first_dim(v) == symbol for v in graph.inputs):
+            return BatchPlan(None, f"part '{part.name}' reads no tensor with the batch "
+                             "dimension to take the batch size from")
+        kept = [v for v in part.model.graph.outputs if v.name not in plan.batch_sizes]
+        if not kept:
+            return BatchPlan(None, f"part '{part.name}' only passes the batch size on")
+    return plan
+
+
+def plan_scalars(model_graph: Any, parts: Sequence[Any]) -> BatchPlan:
+    """Unbatched parts: the 0-d tensors crossing a cut (Triton takes no scalar tensor in a
+    model without batching), passed as ``[1]`` and squeezed back by the reader."""
+    ends = {v.name for v in [*model_graph.inputs, *model_graph.outputs]}
+    plan = BatchPlan(None)
+    for part in parts:
+        graph = part.model.graph
+        for v in [*graph.inputs, *graph.outputs]:
+            if v.shape is not None and len(v.shape) == 0 and v.name not in ends:
+                plan.scalars.add(v.name or "")
+    return plan
+
+
+def _is_batch_size(name: str, producers: dict[str, Any], graph: Any, symbol: str) -> bool:
+    """``Shape(x, start=0, end=1)`` (or ``Gather(Shape(x), 0)``) of a model input ``x``
+    batched at dim 0, through squeezes, reshapes and casts."""
+    batched = {v.name for v in graph.inputs if _first_dim(v) == symbol}
+    node = producers.get(name)
+    while node is not None and node.op_type in _PASS_THROUGH and node.domain == "":
+        source = node.inputs[0]
+        node = producers.get(source.name) if source is not None else None
+    if node is None or node.domain != "":
+        return False
+    if node.op_type == "Gather":
+        index = node.inputs[1].const_value if node.inputs[1] is not None else None
+        if index is None or int(np.asarray(index.numpy()).reshape(-1)[0]) != 0:
+            return False
+        node = producers.get(node.inputs[0].name) if node.inputs[0] is not None else None
+        start, end = 0, None
+    elif node.op_type == "Shape":
+        start = node.attributes.get_int("start", 0)
+        end = node.attributes.get_int("end", None)
+        if end != 1:
+            return False
+    else:
+        return False
+    return (node is not None and node.op_type == "Shape" and start == 0
+            and node.inputs[0] is not None and node.inputs[0].name in batched)
+
+
+def _reads_inputs(name: str, producers: dict[str, Any], model_inputs: set[str]) -> bool:
+    """Whether any model input is among the value's ancestors."""
+    stack, seen = [name], set()
+    while stack:
+        current = stack.pop()
+        if current in model_inputs:
+            return True
+        if current in seen:
+            continue
+        seen.add(current)
+        node = producers.get(current)
+        if node is not None:
+            stack.extend(v.name for v in node.inputs if v is not None)
+    return False
+
+
+@contextlib.contextmanager
+def batched_parts(parts: Sequence[Any], plan: BatchPlan) -> Iterator[None]:
+    """The parts rewritten as the plan says while inside, restored on the way out."""
+    undo: list[Any] = []
+    try:
+        for part in parts:
+            _rewrite(part.model.graph, plan, undo)
+        yield
+    finally:
+        for step in reversed(undo):
+            step()
+
+
+def _rewrite(graph: ir.Graph, plan: BatchPlan, undo: list[Any]) -> None:
+    symbol = plan.symbol
+    inputs, outputs = list(graph.inputs), list(graph.outputs)
+    batched = next((v for v in inputs if _first_dim(v) == symbol), None)
+    first: list[ir.Node] = []  # read only graph inputs: go before every node
+    last: list[ir.Node] = []  # read the part's results: go after every node
+
+    def add(into: list[ir.Node], op: str, args: list[ir.Value], name: str,
+            **attributes: Any) -> ir.Value:
+        node = ir.node(op, args, attributes=attributes or None, outputs=[ir.Value(name=name)])
+        into.append(node)
+        return node.outputs[0]
+
+    def constant(into: list[ir.Node], name: str, array: np.ndarray) -> ir.Value:
+        return add(into, "Constant", [], name, value=ir.tensor(array))
+
+    new_inputs: list[ir.Value | None] = list(inputs)
+    new_outputs: list[ir.Value | None] = list(outputs)
+    replaced: list[tuple[ir.Value, ir.Value]] = []
+    for k, value in enumerate(inputs):
+        name = value.name or ""
+        if name in plan.scalars:
+            one = ir.Value(name=f"{name}__om_1", type=value.type, shape=ir.Shape([1]))
+            axes = constant(first, f"{name}__om_axes", np.array([0], dtype=np.int64))
+            replaced.append((value, add(first, "Squeeze", [one, axes], f"{name}__om_0d")))
+            new_inputs[k] = one
+        elif name in plan.batch_sizes:
+            assert batched is not None
+            size = add(first, "Shape", [batched], f"{name}__om_shape", start=0, end=1)
+            scalar = add(first, "Squeeze", [size], f"{name}__om_size")
+            if value.dtype is not None and value.dtype != ir.DataType.INT64:
+                scalar = add(first, "Cast", [scalar], f"{name}__om_cast", to=value.dtype)
+            replaced.append((value, scalar))
+            new_inputs[k] = None
+        elif name in plan.shared:
+            rows = ir.Value(name=f"{name}__om_rows", type=value.type,
+                            shape=ir.Shape([symbol, *(value.shape or [])]))
+            zero = constant(first, f"{name}__om_zero", np.array(0, dtype=np.int64))
+            row = add(first, "Gather", [rows, zero], f"{name}__om_row0", axis=0)
+            replaced.append((value, row))
+            new_inputs[k] = rows
+    for k, value in enumerate(outputs):
+        name = value.name or ""
+        if name in plan.scalars:
+            axes = constant(last, f"{name}__om_axes", np.array([0], dtype=np.int64))
+            one = add(last, "Unsqueeze", [value, axes], f"{name}__om_1")
+            one.dtype, one.shape = value.dtype, ir.Shape([1])
+            new_outputs[k] = one
+        elif name in plan.batch_sizes:
+            new_outputs[k] = None
+        elif name in plan.shared:
+            assert batched is not None
+            size = add(last, "Shape", [batched], f"{name}__om_batch", start=0, end=1)
+            dims = add(last, "Shape", [value], f"{name}__om_dims")
+            shape = add(last, "Concat", [size, dims], f"{name}__om_rowshape", axis=0)
+            axes = constant(last, f"{name}__om_axes", np.array([0], dtype=np.int64))
+            one = add(last, "Unsqueeze", [value, axes], f"{name}__om_one")
+            rows = add(last, "Expand", [one, shape], f"{name}__om_rows")
+            rows.dtype, rows.shape = value.dtype, ir.Shape([symbol, *(value.shape or [])])
+            new_outputs[k] = rows
+    if not first and not last and new_outputs == outputs:
+        return
+    for old, new in replaced:
+        old.replace_all_uses_with(new)
+        new.dtype, new.shape = old.dtype, old.shape
+    if first:
+        head = next(iter(graph), None)
+        if head is None:
+            graph.extend(first)
+        else:
+            graph.insert_before(head, first)
+    graph.extend(last)
+    graph.inputs.clear()
+    graph.inputs.extend(v for v in new_inputs if v is not None)
+    graph.outputs.clear()
+    graph.outputs.extend(v for v in new_outputs if v is not None)
+
+    def restore() -> None:
+        graph.outputs.clear()
+        graph.outputs.extend(outputs)
+        graph.inputs.clear()
+        graph.inputs.extend(inputs)
+        for old, new in replaced:
+            new.replace_all_uses_with(old)
+        graph.remove([*first, *last], safe=False)
+
+    undo.append(restore)
