@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import math
 import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from onnx_modular import runtime
+from onnx_modular._util import check_allocation
 from onnx_modular.check.inputs import declared_inputs
 from onnx_modular.check.numerics import check_value, dtype_name, onnx_elem_name, tolerances_for
 from onnx_modular.check.report import Report, md_table
@@ -45,16 +47,53 @@ def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
 
 
 def load_npz(path: str | Path, what: str) -> dict[str, np.ndarray]:
-    """Every array of an ``.npz`` file; one-line errors for what cannot be read."""
+    """Every array of an ``.npz`` file; one-line errors for what cannot be read.
+
+    Each array's header is read before its data, so a header declaring more elements than
+    memory holds fails in one line instead of a MemoryError; a ``.npy`` file, an empty
+    archive, and arrays that are not numbers (strings, records, objects) are refused.
+    """
     file = Path(path)
     if not file.is_file():
         raise fail(f"cannot read {what} '{file}': no such file")
+    where = f"cannot read {what} '{file}'"
     try:
-        with np.load(file, allow_pickle=False) as data:
-            return {name: data[name] for name in data.files}
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
-        raise fail(f"cannot read {what} '{file}': not a numpy .npz archive "
-                   f"({runtime.first_line(exc)})") from exc
+        with open(file, "rb") as handle:
+            magic = handle.read(6)
+        if magic == b"\x93NUMPY":
+            raise fail(f"{where}: it is one .npy array; the {what} are an .npz archive of "
+                       "arrays named after the model's values (numpy.savez(path, name=array))")
+        if not zipfile.is_zipfile(file):
+            raise fail(f"{where}: not a numpy .npz archive")
+        arrays: dict[str, np.ndarray] = {}
+        with zipfile.ZipFile(file) as archive:
+            members = [m for m in archive.namelist() if m.endswith(".npy")]
+            if not members:
+                raise fail(f"{where}: the archive holds no arrays")
+            for member in members:
+                name = member.removesuffix(".npy")
+                with archive.open(member) as stream:
+                    arrays[name] = _read_array(stream, f"{where}: array '{name}'")
+        return arrays
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError, MemoryError) as exc:
+        raise fail(f"{where}: not a numpy .npz archive ({runtime.first_line(exc)})") from exc
+
+
+def _read_array(stream: Any, where: str) -> np.ndarray:
+    """One ``.npy`` member: its header checked (numbers, a size memory holds), then read."""
+    version = np.lib.format.read_magic(stream)
+    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                   else np.lib.format.read_array_header_2_0)
+    shape, fortran, dtype = read_header(stream)
+    if dtype.fields is not None or dtype.kind not in "biufc":
+        raise fail(f"{where} holds {dtype} values, not numbers")
+    check_allocation(shape, dtype.itemsize, where)
+    count = math.prod(shape)
+    data = stream.read(count * dtype.itemsize)
+    if len(data) != count * dtype.itemsize:
+        raise fail(f"{where} is truncated ({len(data)} of {count * dtype.itemsize} bytes)")
+    array = np.frombuffer(data, dtype=dtype, count=count).copy()
+    return array.reshape(shape, order="F" if fortran else "C")
 
 
 def _as_declared(name: str, array: np.ndarray, elem: str) -> np.ndarray:

@@ -36,7 +36,13 @@ from onnx_modular._io import atomic_write_bytes, atomic_write_text, save_model
 from onnx_modular.check.call_stats import CallError
 from onnx_modular.check.compare_io import IOReport, compare_io, npz_bytes
 from onnx_modular.check.localize import Evidence, Localization, OnnxCall, TorchCall
-from onnx_modular.check.numerics import check_value, dtype_name, to_numpy
+from onnx_modular.check.numerics import (
+    check_value,
+    dtype_name,
+    is_float,
+    to_numpy,
+    tolerances_for,
+)
 from onnx_modular.check.validation_report import fmt_err
 from onnx_modular.errors import fail, rules
 
@@ -354,6 +360,8 @@ def _command(provider: str, rtol: float | None, atol: float | None, prefix: str 
 def _readme(x: Extraction, label: str, provider: str, rtol: float | None,
             atol: float | None) -> str:
     short = runtime.short_provider(provider)
+    dtype = next((p.dtype for p in x.outputs if is_float(p.dtype)), "float32")
+    r, a = tolerances_for(dtype, rtol, atol)  # the snippet's, for its first float output
     if x.reproduces:
         verdict = "**reproduces the mismatch**"
     elif x.in_model is not None and not x.in_model.ok:
@@ -381,11 +389,15 @@ def _readme(x: Extraction, label: str, provider: str, rtol: float | None,
               f'expected = np.load("{EXPECTED}")',
               "names = [o.name for o in session.get_outputs()]",
               "for name, got in zip(names, session.run(None, inputs)):",
-              "    if name in expected:",
-              "        want = expected[name].astype(np.float64)",
-              "        err = np.abs(got.astype(np.float64) - want)",
-              "        rel = err / np.maximum(np.abs(want), 1e-4)",
-              '        print(name, "max abs err", err.max(), "max rel err", rel.max())',
+              "    if name not in expected:",
+              "        continue",
+              "    want = expected[name]",
+              "    if np.issubdtype(want.dtype, np.inexact):  # NaN matches only NaN",
+              f"        ok = np.isclose(got.astype(np.float64), want, rtol={r:g}, "
+              f"atol={a:g}, equal_nan=True)",
+              "    else:  # integers and bool: exactly",
+              "        ok = got == want",
+              '    print(name, int((~ok).sum()), "of", ok.size, "values out of tolerance")',
               "```", ""]
     if any(p.dtype == "bfloat16" for p in x.inputs):
         lines += ["bfloat16 inputs are stored as their uint16 bit patterns (numpy has no "
