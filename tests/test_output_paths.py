@@ -395,3 +395,31 @@ def test_compare_io_model_with_external_data_is_checked_too(tmp_path, capsys):
                  str(tmp_path / "e.npz"), "--report", str(tmp_path / "m.json")]) == 2
     assert "data file" in capsys.readouterr().err
     assert (tmp_path / "m.json").read_bytes() == before
+
+
+def test_two_extractions_into_one_folder_leave_one_whole_repro(failing, tmp_path):
+    """Each extraction stages its files and swaps the folder in: whichever comes last, the
+    folder holds one call's module, inputs, expected values and README, never a mix."""
+    import threading
+
+    folder = tmp_path / "x"
+    errors: list[BaseException] = []
+
+    def run(call: str) -> None:
+        try:
+            failing.extract(folder, call=call)
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(c,)) for c in ("layers.0", "layers.2") * 2]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors
+    module = onnx.load(folder / "module.onnx")
+    call = {p.key: p.value for p in module.metadata_props}["onnx_modular.extracted_call"]
+    assert f"`{call}`" in (folder / "README.md").read_text()
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "README.md", "expected.npz", "inputs.npz", "module.onnx"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x"]

@@ -42,6 +42,7 @@ from onnx_modular._io import (
     atomic_write_bytes,
     atomic_write_text,
     clean_stale_temporaries,
+    directory_lock,
     save_model,
 )
 from onnx_modular.check.call_stats import CallError
@@ -404,18 +405,20 @@ def check_directory(directory: str | Path) -> Path:
 
 def _publish(staging: Path, target: Path) -> None:
     """The staged repro in place of ``target``'s, as one set: the folder is swapped in with
-    renames, so two extractions at once leave one whole repro, never a mix. The current
-    directory (or one holding it) keeps its inode: its files are renamed in one by one."""
+    renames, one extraction at a time (a lock on the parent folder), so two at once leave
+    one whole repro, never a mix. The current directory (or one holding it) keeps its
+    inode: its files are renamed in one by one."""
     cwd = Path.cwd().resolve()
-    if target == cwd or target in cwd.parents:
-        for entry in sorted(target.iterdir()):
-            if _REPRO_FILE.match(entry.name) and not (staging / entry.name).exists():
-                entry.unlink()
-        for entry in sorted(staging.iterdir()):
-            os.replace(entry, target / entry.name)
-        return
-    restore_interrupted_swap(target)
-    swap_in(staging, target)
+    with directory_lock(target.parent):
+        if target == cwd or target in cwd.parents:
+            for entry in sorted(target.iterdir()):
+                if _REPRO_FILE.match(entry.name) and not (staging / entry.name).exists():
+                    entry.unlink()
+            for entry in sorted(staging.iterdir()):
+                os.replace(entry, target / entry.name)
+            return
+        restore_interrupted_swap(target)
+        swap_in(staging, target)
 
 
 def _readme(x: Extraction, label: str, provider: str, rtol: float | None,

@@ -23,10 +23,11 @@ NAME_MAX, PATH_MAX = 255, 4096
 Named = Mapping[str, "str | None"]
 
 
-def check_name(flag: str, path: str) -> None:
-    """An empty path, or one the file system cannot hold (ENAMETOOLONG), in one line."""
+def check_name(flag: str, path: str, what: str = "path") -> None:
+    """An empty path, or one the file system cannot hold (ENAMETOOLONG), in one line;
+    ``what`` names it ("output path", "output directory")."""
     if not path:
-        raise fail(f"{flag}: the path is empty", rules.BAD_INPUT)
+        raise fail(f"{flag}: the {what} is empty", rules.BAD_INPUT)
     encoded = os.fsencode(path)
     existing = _existing_ancestor(Path(path))
     name_max = _pathconf(existing, "PC_NAME_MAX", NAME_MAX)
@@ -106,10 +107,11 @@ def check_paths(reads: Named, files: Named, folders: Named | None = None) -> Non
     folder (``folders``: filled or replaced) is, or holds, an input (``reads``) or another
     output. Flags given as None were not given and are skipped."""
     folders = folders or {}
-    given = {**reads, **files, **folders}
-    for flag, path in given.items():
-        if path is not None:
-            check_name(flag, path)
+    for named, what in ((reads, "path"), (files, "output path"),
+                        (folders, "output directory")):
+        for flag, path in named.items():
+            if path is not None:
+                check_name(flag, path, what)
     reads = {f: p for f, p in reads.items() if p}
     files = {f: p for f, p in files.items() if p}
     folders = {f: p for f, p in folders.items() if p}
@@ -120,7 +122,8 @@ def check_paths(reads: Named, files: Named, folders: Named | None = None) -> Non
                            "replace it; give another name", rules.BAD_INPUT)
     for out_flag, out in folders.items():
         if os.path.exists(out) and not os.path.isdir(out):
-            raise fail(f"{out_flag}: '{out}' is a file, not a directory", rules.BAD_INPUT)
+            raise fail(f"{out_flag}: cannot write to '{out}': it is a file, not a directory",
+                       rules.BAD_INPUT)
         for in_flag, source in reads.items():
             if inside(source, out) or inside(out, source):
                 raise fail(f"{out_flag} '{out}' holds {in_flag} '{source}': writing the "
