@@ -64,10 +64,13 @@ def check_writable(path: str | os.PathLike[str]) -> Path:
         raise fail("cannot write '': the output path is empty")
     target = Path(path)
     directory = target.parent if str(target.parent) else Path(".")
-    if target.is_dir():
-        raise fail(f"cannot write '{target}': it is a directory; give a file name")
-    if not directory.is_dir():
-        raise fail(f"cannot write '{target}': directory '{directory}' does not exist")
+    try:
+        if target.is_dir():
+            raise fail(f"cannot write '{target}': it is a directory; give a file name")
+        if not directory.is_dir():
+            raise fail(f"cannot write '{target}': directory '{directory}' does not exist")
+    except OSError as e:  # a name too long for the file system (ENAMETOOLONG), ...
+        raise fail(f"cannot write '{str(target)[:80]}': {e.strerror or e}") from e
     if not os.access(directory, os.W_OK):
         raise fail(f"cannot write '{target}': directory '{directory}' is not writable")
     return target

@@ -423,3 +423,16 @@ def test_two_extractions_into_one_folder_leave_one_whole_repro(failing, tmp_path
     assert sorted(p.name for p in folder.iterdir()) == [
         "README.md", "expected.npz", "inputs.npz", "module.onnx"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x"]
+
+
+def test_names_too_long_are_one_line_in_the_api_too(tmp_path):
+    model, args = models.net()
+    long = tmp_path / ("x" * 300)
+    with pytest.raises(om.OnnxModularError, match="too long"):
+        om.export(model, args).save(long)
+    with pytest.raises(om.OnnxModularError, match="too long"):
+        om.compare_io(long, {}, {})
+    with pytest.raises(om.OnnxModularError, match="too long"):
+        om.compare(long, long)
+    with pytest.raises(om.OnnxModularError, match="too long"):
+        om.compare_io(models.hierarchical(model).SerializeToString(), long, long)

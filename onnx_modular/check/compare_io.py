@@ -54,9 +54,12 @@ def load_npz(path: str | Path, what: str) -> dict[str, np.ndarray]:
     archive, and arrays that are not numbers (strings, records, objects) are refused.
     """
     file = Path(path)
-    if not file.is_file():
-        raise fail(f"cannot read {what} '{file}': no such file")
-    where = f"cannot read {what} '{file}'"
+    where = f"cannot read {what} '{str(file)[:80]}'"
+    try:
+        if not file.is_file():
+            raise fail(f"cannot read {what} '{file}': no such file")
+    except OSError as exc:  # a name too long for the file system, ...
+        raise fail(f"{where}: {exc.strerror or exc}") from exc
     try:
         with open(file, "rb") as handle:
             magic = handle.read(6)

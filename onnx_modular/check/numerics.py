@@ -1,8 +1,10 @@
 """Numerics of every check: dtype names, tolerances by dtype, the diff, and the output check.
 
-``validate`` (ONNX Runtime against torch), ``compare`` (model a against model b) and the
-localization (module outputs against torch's) judge values the same way, here: one
-conversion to numpy for comparison, one diff, one per-output check.
+``validate`` (ONNX Runtime against torch), ``compare`` (model a against model b),
+``compare-io`` (a model against saved outputs), the localization (module outputs against
+torch's) and extraction judge values the same way, here: one conversion to numpy for
+comparison, one diff (:func:`diff`, whose rules the README's "How outputs are compared"
+states), one per-output check.
 """
 
 from __future__ import annotations
@@ -111,7 +113,8 @@ def json_float(x: float) -> float | str:
 
 @dataclasses.dataclass
 class Diff:
-    """How far ``actual`` is from ``expected``; ``ok`` is an allclose with NaN == NaN."""
+    """How far ``actual`` is from ``expected``; ``ok`` by :func:`diff`'s rules; ``note`` says
+    why values failed where the numbers alone do not (NaN, inf, complex, shape)."""
 
     max_abs: float
     max_rel: float
