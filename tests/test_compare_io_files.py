@@ -65,6 +65,14 @@ def test_a_npy_file_is_named_as_such(repro, capsys):
 def test_match_and_complex_mismatch(repro, capsys):
     assert main(["compare-io", str(repro / "m.onnx"), str(repro / "in.npz"),
                  str(repro / "ok.npz"), "--providers", "cpu"]) == 0
+    capsys.readouterr()
     np.savez(repro / "c.npz", y=np.array([1.0, 2.0, 3.0], np.float32) + 5j)
     assert main(["compare-io", str(repro / "m.onnx"), str(repro / "in.npz"),
-                 str(repro / "c.npz"), "--providers", "cpu"]) == 1
+                 str(repro / "c.npz"), "--providers", "cpu", "--report",
+                 str(repro / "r.md")]) == 1
+    assert "expected values are complex" in capsys.readouterr().out
+    assert "expected values are complex" in (repro / "r.md").read_text()
+    np.savez(repro / "nan.npz", y=np.array([np.nan, 2.0, 3.0], np.float32))
+    assert main(["compare-io", str(repro / "m.onnx"), str(repro / "in.npz"),
+                 str(repro / "nan.npz"), "--providers", "cpu"]) == 1
+    assert "expected NaN not matched" in capsys.readouterr().out

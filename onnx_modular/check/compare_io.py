@@ -147,13 +147,21 @@ class IOReport(Report):
                 "providers": {r.provider: r.to_dict() for r in self.results},
                 "not_compared": list(self.not_compared)}
 
-    _HEAD = ["EP", "output", "shape", "dtype", "abs err", "rel err", "rtol/atol", "status"]
+    _HEAD = ["EP", "output", "shape", "dtype", "abs err", "rel err", "rtol/atol", "status",
+             "note"]
 
     def _rows(self) -> list[list[str]]:
-        return [[runtime.short_provider(r.provider), o.name,
+        """One row per output; the note (NaN/inf not matched, complex...) only when one
+        output has one."""
+        rows = [[runtime.short_provider(r.provider), o.name,
                  "x".join(map(str, o.shape)) or "()", o.dtype, fmt_err(o.diff.max_abs),
                  fmt_err(o.diff.max_rel), f"{fmt_tol(o.rtol)}/{fmt_tol(o.atol)}",
-                 "ok" if o.ok else "FAIL"] for r in self.results for o in r.outputs]
+                 "ok" if o.ok else "FAIL", o.diff.note]
+                for r in self.results for o in r.outputs]
+        return rows if any(row[-1] for row in rows) else [row[:-1] for row in rows]
+
+    def _head(self, rows: list[list[str]]) -> list[str]:
+        return self._HEAD[:len(rows[0])] if rows else self._HEAD[:-1]
 
     def summary(self) -> str:
         where = ", ".join(runtime.short_provider(r.provider) for r in self.results)
@@ -168,11 +176,13 @@ class IOReport(Report):
         from rich.text import Text
 
         table = Table(title="ONNX Runtime vs expected outputs", title_justify="left")
-        for h in self._HEAD:
+        rows = self._rows()
+        for h in self._head(rows):
             table.add_column(h, justify="right" if "err" in h else "left")
-        for row in self._rows():
-            table.add_row(*row[:-1], Text(row[-1], style="green" if row[-1] == "ok"
-                                          else "bold red"))
+        for row in rows:
+            # names and notes come from the files: plain Text, never markup
+            table.add_row(*map(Text, row[:7]), Text(row[7], style="green" if row[7] == "ok"
+                                                    else "bold red"), *map(Text, row[8:]))
         parts: list[Any] = [table]
         if self.not_compared:
             parts.append(Text(f"not compared (no expected value): "
@@ -182,7 +192,8 @@ class IOReport(Report):
 
     def to_markdown(self) -> str:
         lines = [f"# compare-io: {self.model}", "", f"**{self.summary()}**", ""]
-        lines += md_table(self._HEAD, self._rows())
+        rows = self._rows()
+        lines += md_table(self._head(rows), rows)
         if self.not_compared:
             lines += ["", f"Not compared: {', '.join(self.not_compared)}"]
         return "\n".join(lines) + "\n"
