@@ -64,8 +64,8 @@ def load_npz(path: str | Path, what: str) -> dict[str, np.ndarray]:
         with open(file, "rb") as handle:
             magic = handle.read(6)
         if magic == b"\x93NUMPY":
-            raise fail(f"{where}: it is one .npy array; the {what} are an .npz archive of "
-                       "arrays named after the model's values (numpy.savez(path, name=array))")
+            raise fail(f"{where}: it is one .npy array, not an .npz archive of arrays named "
+                       "after the model's values (numpy.savez(path, name=array))")
         if not zipfile.is_zipfile(file):
             raise fail(f"{where}: not a numpy .npz archive")
         arrays: dict[str, np.ndarray] = {}
