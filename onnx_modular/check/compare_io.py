@@ -92,10 +92,14 @@ def _read_array(stream: Any, where: str) -> np.ndarray:
         raise fail(f"{where} holds {dtype} values, not numbers")
     check_allocation(shape, dtype.itemsize, where)
     count = math.prod(shape)
-    data = stream.read(count * dtype.itemsize)
-    if len(data) != count * dtype.itemsize:
-        raise fail(f"{where} is truncated ({len(data)} of {count * dtype.itemsize} bytes)")
-    array = np.frombuffer(data, dtype=dtype, count=count).copy()
+    data = bytearray(count * dtype.itemsize)  # read in place: one copy of the values
+    view, got = memoryview(data), 0
+    while got < len(data):
+        n = stream.readinto(view[got:])
+        if not n:
+            raise fail(f"{where} is truncated ({got} of {len(data)} bytes)")
+        got += n
+    array = np.frombuffer(data, dtype=dtype, count=count)
     return array.reshape(shape, order="F" if fortran else "C")
 
 
