@@ -3,6 +3,8 @@
 # First, before anything else is imported: under ``python -m onnx_modular`` the current
 # directory must not shadow the libraries (importing _safepath drops it from sys.path).
 from onnx_modular import _safepath as _safepath  # isort: skip
+# Then, for the command line only: Ctrl-C while torch imports exits quietly (130).
+from onnx_modular import _interrupt as _interrupt  # isort: skip
 from onnx_modular._version import __version__ as __version__
 from onnx_modular.api.export import ExportResult, export
 from onnx_modular.api.hook import HookedExport, HookSession, HookWarning, hook

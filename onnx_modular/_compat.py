@@ -87,6 +87,7 @@ def tensor_version(tensor: torch.Tensor) -> int:
 # ---- pytree ----------------------------------------------------------------------------------
 
 tree_leaves = _pytree.tree_leaves
+tree_map = _pytree.tree_map
 tree_unflatten = _pytree.tree_unflatten
 treespec_dumps = _pytree.treespec_dumps
 treespec_loads = _pytree.treespec_loads

@@ -14,6 +14,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -63,10 +64,13 @@ def check_writable(path: str | os.PathLike[str]) -> Path:
         raise fail("cannot write '': the output path is empty")
     target = Path(path)
     directory = target.parent if str(target.parent) else Path(".")
-    if target.is_dir():
-        raise fail(f"cannot write '{target}': it is a directory; give a file name")
-    if not directory.is_dir():
-        raise fail(f"cannot write '{target}': directory '{directory}' does not exist")
+    try:
+        if target.is_dir():
+            raise fail(f"cannot write '{target}': it is a directory; give a file name")
+        if not directory.is_dir():
+            raise fail(f"cannot write '{target}': directory '{directory}' does not exist")
+    except OSError as e:  # a name too long for the file system (ENAMETOOLONG), ...
+        raise fail(f"cannot write '{str(target)[:80]}': {e.strerror or e}") from e
     if not os.access(directory, os.W_OK):
         raise fail(f"cannot write '{target}': directory '{directory}' is not writable")
     return target
@@ -94,6 +98,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # umask applies
         os.close(fd)
         yield tmp_path
+        keep_mode(target, tmp_path)
         os.replace(tmp_path, target)
     except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
@@ -101,6 +106,37 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         if isinstance(e, OSError) and not isinstance(e, FileNotFoundError | PermissionError):
             raise _os_error(target, e) from e
         raise
+
+
+def keep_mode(target: Path, new: Path) -> None:
+    """A file written over ``target`` keeps its permissions (a 0600 model stays 0600)."""
+    try:
+        mode = stat.S_IMODE(os.stat(target).st_mode)
+    except OSError:
+        return  # a new file: the umask decides
+    with contextlib.suppress(OSError):
+        os.chmod(new, mode)
+
+
+@contextlib.contextmanager
+def directory_lock(directory: Path) -> Iterator[None]:
+    """Writers that publish into ``directory`` one at a time (an advisory lock on the
+    folder itself: no lock file is left behind); a no-op where the OS has no flock."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        yield
+        return
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
@@ -222,16 +258,20 @@ def save_model(model: ir.Model, path: str | os.PathLike[str], *,
 
     The data file has a name of its own per save (``<name>.<random>.data``), written before
     the model that names it: two saves to one path never pair one's model with the other's
-    weights, and a reader holding the old model never reads new weights. The previous data
-    file of the target is removed once the new model is in place.
+    weights, and a reader holding the old model never reads new weights. Once the new model
+    is in place, every data file of the target that it does not name is removed (the
+    previous save's, and those of writers that lost a race to the same path or were
+    killed), under a lock on the folder so that no writer's data is taken before its model
+    names it. A file written over another keeps its permissions.
     """
     target = check_writable(path)
+    directory = target.parent if str(target.parent) else Path(".")
     if _initializer_bytes(model) <= external_data_threshold:
         with atomic_path(target) as tmp, open(tmp, "wb") as file:
             write_inline(model, file)
+        with directory_lock(directory):  # an earlier save's data file is nobody's now
+            _remove_unnamed_data(directory, target, "")
         return
-    directory = target.parent if str(target.parent) else Path(".")
-    previous = external_data_files(target) if target.is_file() else set()
     data_name = f"{target.name}.{secrets.token_hex(4)}.data"
     clean_stale_temporaries(directory, target.name)
     staging = directory / _temp_name(target)
@@ -239,14 +279,21 @@ def save_model(model: ir.Model, path: str | os.PathLike[str], *,
         staging.mkdir()
         staged = staging / target.name
         ir_save_external(model, staged, data_name)
-        os.replace(staging / data_name, directory / data_name)
-        try:
-            with atomic_path(target) as tmp:
-                os.replace(staged, tmp)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                (directory / data_name).unlink()
-            raise
+        # weights too small to go apart stay inline: then the data file is nobody's
+        apart = data_name in external_data_files(staged)
+        keep_mode(target, staging / data_name)
+        # one writer at a time publishes: what no model names then is nobody's
+        with directory_lock(directory):
+            if apart:
+                os.replace(staging / data_name, directory / data_name)
+            try:
+                with atomic_path(target) as tmp:
+                    os.replace(staged, tmp)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    (directory / data_name).unlink()
+                raise
+            _remove_unnamed_data(directory, target, data_name)
     except OSError as e:
         raise _os_error(target, e) from e
     finally:
@@ -254,8 +301,21 @@ def save_model(model: ir.Model, path: str | os.PathLike[str], *,
             for leftover in staging.iterdir():
                 leftover.unlink()
             staging.rmdir()
-    for name in previous - {data_name}:
-        old = directory / name
-        if old.parent == directory and old.name.startswith(f"{target.name}."):
+
+
+def _remove_unnamed_data(directory: Path, target: Path, ours: str) -> None:
+    """Data files of ``target`` (``<name>.<id>.data``) that the model now in place does not
+    name: the previous save's, and those of writers that lost a race or were killed."""
+    pattern = re.compile(rf"^{re.escape(target.name)}\.[0-9a-f]{{8}}\.data$")
+    try:
+        found = [e.path for e in os.scandir(directory)
+                 if pattern.match(e.name) and e.name != ours]
+    except OSError:
+        return
+    if not found:
+        return  # the model is not read (a large one inline takes a while)
+    named = external_data_files(target)
+    for path in found:
+        if os.path.basename(path) not in named:
             with contextlib.suppress(OSError):
-                old.unlink()
+                os.unlink(path)

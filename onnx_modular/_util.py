@@ -56,7 +56,10 @@ def parse_bytes(text: str) -> int:
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", text)
     if not match or match.group(2).lower() not in _UNITS:
         raise ValueError(f"'{text}' is not a size; expected e.g. 2GB, 512MiB or 1e9")
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    value = float(match.group(1)) * _UNITS[match.group(2).lower()]
+    if not math.isfinite(value) or value >= 2**63:
+        raise ValueError(f"'{text}' is too large a size")
+    return int(value)
 
 
 def format_bytes(n: int) -> str:

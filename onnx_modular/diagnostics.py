@@ -13,7 +13,10 @@ import dataclasses
 import enum
 import json
 import re
+import string
+import urllib.parse
 from collections.abc import Iterator
+from pathlib import Path, PurePath
 from typing import Any
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -43,8 +46,32 @@ class Rule:
         return {
             "id": self.id,
             "name": self.name,
-            "messageStrings": {"default": {"text": self.message_template}},
+            "messageStrings": {"default": {"text": sarif_template(self.message_template)}},
         }
+
+
+def sarif_template(template: str) -> str:
+    """A ``str.format`` template in SARIF's spelling: named fields become ``{0}``, ``{1}``
+    ... in the order they first appear; literal braces stay doubled."""
+    order: dict[str, int] = {}
+    out = []
+    for literal, field, _, _ in string.Formatter().parse(template):
+        out.append(literal.replace("{", "{{").replace("}", "}}"))
+        if field is not None:
+            out.append(f"{{{order.setdefault(field, len(order))}}}")
+    return "".join(out)
+
+
+def sarif_uri(path: str) -> str:
+    """A file path as an RFC 3986 URI reference: ``file:///...`` when absolute, else a
+    relative reference; spaces and non-ASCII characters percent-encoded."""
+    pure = PurePath(path)
+    if pure.is_absolute():
+        try:
+            return Path(path).as_uri()
+        except ValueError:
+            pass
+    return urllib.parse.quote(pure.as_posix(), safe="/")
 
 
 _STACK_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
@@ -86,7 +113,7 @@ class Location:
         if self.source_file:
             region = {"startLine": self.source_line} if self.source_line else {}
             loc["physicalLocation"] = {
-                "artifactLocation": {"uri": self.source_file},
+                "artifactLocation": {"uri": sarif_uri(self.source_file)},
                 **({"region": region} if region else {}),
             }
         logical = []

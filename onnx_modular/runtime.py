@@ -209,10 +209,13 @@ def load_model(onnx_model: Any, what: str = "ONNX model") -> LoadedModel:
         return _in_memory(proto, f"<{type(onnx_model).__name__}>", what)
     if isinstance(onnx_model, (str, os.PathLike)):
         path = Path(onnx_model)
-        if path.is_dir():
-            raise fail(f"cannot read {what} '{path}': it is a directory, not an ONNX file")
-        if not path.is_file():
-            raise fail(f"cannot read {what} '{path}': no such file")
+        try:
+            if path.is_dir():
+                raise fail(f"cannot read {what} '{path}': it is a directory, not an ONNX file")
+            if not path.is_file():
+                raise fail(f"cannot read {what} '{path}': no such file")
+        except OSError as exc:  # a name too long for the file system, ...
+            raise fail(f"cannot read {what} '{str(path)[:80]}': {exc.strerror or exc}") from exc
         try:
             proto = onnx.load(str(path), load_external_data=False)
             external = frozenset(_external_files(proto))

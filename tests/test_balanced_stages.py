@@ -192,3 +192,15 @@ def test_parse_bytes() -> None:
     assert format_bytes(1_234_567) == "1.23 MB"
     with pytest.raises(ValueError):
         parse_bytes("2 GBs")
+
+
+def test_last_block_alone_and_the_tail_are_two_stages(gpt2_6, tmp_path) -> None:
+    """Eight units in eight stages: 'model.h.5' is cut at its beginning and at its end, and
+    both cuts are made (a dict of split points kept one: the plan said 8, 7 were written)."""
+    model, args, program = gpt2_6
+    result = om.split_stages(program, num_stages=8)
+    plan = result.stage_plan
+    assert plan.cuts[-2:] == [("model.h.5", "beginning"), ("model.h.5", "end")]
+    assert len(result.stages) == len(plan.stages) == 8
+    assert actual_bytes(result) == plan.stage_bytes
+    check_chain(result, model, args, tmp_path)

@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "onnx_modular"
 
 #: Shared leaves: importable from anywhere, importing only other leaves.
 LEAVES = {"metadata", "diagnostics", "errors", "_compat", "_util", "_io", "_version",
-          "_safepath", "_weights", "_checkpoint", "runtime", "examples"}
+          "_safepath", "_interrupt", "_weights", "_checkpoint", "runtime", "examples"}
 #: Pipeline stages in the order data flows; a stage imports leaves, itself and earlier stages.
 STAGES = ["lower", "support", "passes", "emit", "parts", "check", "api", "cli"]
 TOP = {"__init__", "__main__"}  # the public surface: may import anything

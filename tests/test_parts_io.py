@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import onnx_modular as om
-from onnx_modular import runtime
+from onnx_modular import _io, runtime
 from onnx_modular.parts import manifest as manifest_module
 
 
@@ -181,10 +181,26 @@ def test_threads_sharing_a_runner_make_each_session_once(tmp_path: Path, monkeyp
     assert sorted(made) == sorted(set(made)) and len(made) == len(result.regions)
 
 
+class Wide(nn.Module):
+    """Chain with weights over onnx_ir's 256 bytes: they can go to a data file."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 32)
+        self.b = nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.sin(self.a(x)))
+
+
 def test_large_parts_are_saved_with_external_data(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(manifest_module, "EXTERNAL_DATA_ABOVE", 0)
     out = tmp_path / "parts"
-    model, result = parts(1.0)
+    torch.manual_seed(0)
+    model = Wide().eval()
+    result = om.split(model, (X,), support={"deny": ["aten.sin"]})
     result.save(out)
-    assert [p for p in out.iterdir() if p.suffix == ".data"]
+    data = {p.name for p in out.iterdir() if p.suffix == ".data"}
+    named = set().union(*(_io.external_data_files(p) for p in out.glob("*.onnx")))
+    assert data and data == named  # every data file is a part's, and no part lacks its own
     torch.testing.assert_close(om.SplitRunner(out).run(X), model(X), rtol=1e-4, atol=1e-5)

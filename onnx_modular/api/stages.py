@@ -164,7 +164,7 @@ def split_stages(model: Any, args: Sequence[Any] | None = None,
                 "the model has om.pipe_split() markers; num_stages/max_stage_bytes cut by "
                 "themselves (remove the markers, or leave both out)"))
         plan = balanced_plan(program, num_stages, max_stage_bytes, ctx)
-        assignment = stage_pass.from_split_points(program, plan.split_points, ctx)
+        assignment = stage_pass.from_split_points(program, plan.cuts, ctx)
         assignment.how = plan.how
         result = _build(program, assignment, ctx, opset, hierarchical)
         result.stage_plan = plan

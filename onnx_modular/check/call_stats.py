@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from onnx_modular.check.numerics import json_float
+from onnx_modular.check.numerics import abs_errors, json_float
 
 #: Upper edges of the absolute-error histogram's buckets (decades); the last is open.
 HIST_EDGES: tuple[float, ...] = (1e-8, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
@@ -25,18 +25,18 @@ HIST_LABELS: tuple[str, ...] = ("<1e-8", "<1e-7", "<1e-6", "<1e-5", "<1e-4", "<1
 
 
 def abs_error_histogram(actual: np.ndarray, expected: np.ndarray) -> list[int]:
-    """Counts of ``|actual - expected|`` per decade (NaN and inf count as >= 1)."""
+    """Counts of ``|actual - expected|`` per decade (a NaN or inf the other side does not
+    match counts as >= 1; a matched one as 0)."""
     a = np.asarray(actual)
     e = np.asarray(expected)
     if a.shape != e.shape or a.size == 0:
         return [0] * (len(HIST_EDGES) + 1)
     same_float = a.dtype == e.dtype and a.dtype in (np.float32, np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
-        err = np.abs(a - e) if same_float else np.abs(a.astype(np.float64) - e.astype(np.float64))
+        err = np.abs(a - e) if same_float else None
+    if err is None or not np.isfinite(err).all():  # the check's rules: NaN only matches NaN
+        err = abs_errors(a, e)
     err = err.ravel()
-    if not np.isfinite(err).all():  # inf == inf is no error; NaN and inf otherwise count
-        same = (a == e).ravel()
-        err = np.where(same, 0.0, np.nan_to_num(err, nan=np.inf))
     bins = np.searchsorted(np.asarray(HIST_EDGES, dtype=err.dtype), err, side="right")
     return np.bincount(bins, minlength=len(HIST_EDGES) + 1).tolist()
 

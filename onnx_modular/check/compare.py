@@ -12,6 +12,7 @@ node order, constant folding and weight values left out. The command line prints
 from __future__ import annotations
 
 import collections
+from pathlib import Path
 from typing import Any
 
 import onnx
@@ -20,8 +21,8 @@ from onnx_ir.passes.common.inliner import InlinePass
 
 from onnx_modular import runtime
 from onnx_modular.check.compare_report import CompareReport, ModelFacts, OutputDiff
+from onnx_modular.check.inputs import declared_inputs, index_ranges, input_signature, random_inputs
 from onnx_modular.check.inputs import feeds as bind_feeds
-from onnx_modular.check.inputs import input_signature, random_inputs
 from onnx_modular.check.numerics import check_tolerances, check_value
 from onnx_modular.diagnostics import OnnxModularError
 from onnx_modular.emit.canonical import structural_key
@@ -48,18 +49,24 @@ def topology_hash(model: onnx.ModelProto) -> str:
     return _topology(_inlined(model).graph)
 
 
-def _inlined(model: onnx.ModelProto) -> ir.Model:
+def _inlined(model: onnx.ModelProto, folder: Path | None = None) -> ir.Model:
+    """``model`` with every local function inlined; external data (small constants enter
+    the topology hash by value) is read from ``folder``, the model's, never the current
+    directory's file of the same name."""
     m = ir.serde.deserialize_model(model)
+    if folder is not None:
+        ir.external_data.set_base_dir(m.graph, folder)
     if m.functions:
         InlinePass()(m)
     return m
 
 
-def _facts(loaded: runtime.LoadedModel) -> ModelFacts:
+def _facts(loaded: runtime.LoadedModel) -> tuple[ModelFacts, ir.Model]:
+    """The model's facts, and the model inlined (random inputs read its tables)."""
     proto = loaded.proto
     stored = len(proto.graph.node) + sum(len(f.node) for f in proto.functions)
     try:
-        model = _inlined(proto)
+        model = _inlined(proto, loaded.path.parent if loaded.path is not None else None)
     except Exception as exc:
         raise fail(f"cannot inline ONNX model {loaded.label}: "
                    f"{runtime.first_line(exc)}") from exc
@@ -68,7 +75,21 @@ def _facts(loaded: runtime.LoadedModel) -> ModelFacts:
         for n in model.graph.all_nodes())
     return ModelFacts(loaded.label, loaded.size_bytes, len(proto.functions), stored,
                       sum(histogram.values()), dict(sorted(histogram.items())),
-                      _topology(model.graph))
+                      _topology(model.graph)), model
+
+
+def _random_feeds(la: runtime.LoadedModel, ma: ir.Model, lb: runtime.LoadedModel,
+                  mb: ir.Model, drawn: list[str]) -> dict[str, Any]:
+    """Random inputs fitting both models; an index input is drawn over the rows of the
+    smaller of the two models' tables (an input of one pairs with the other's by position)."""
+    ranges = index_ranges(ma)
+    theirs = index_ranges(mb)
+    names_b = [i.name for i in declared_inputs(lb.proto)]
+    for k, info in enumerate(declared_inputs(la.proto)):
+        other = theirs.get(names_b[k]) if k < len(names_b) else None
+        if other is not None and (info.name not in ranges or other[0] < ranges[info.name][0]):
+            ranges[info.name] = other
+    return random_inputs(la.proto, other=lb.proto, ranges=ranges, drawn=drawn)
 
 
 # ---- compare ---------------------------------------------------------------------------------
@@ -78,15 +99,16 @@ def compare(a: Any, b: Any, inputs: Any = None, *, kwargs: dict[str, Any] | None
             atol: float | None = None) -> CompareReport:
     """Compare ONNX models ``a`` and ``b`` (paths, ModelProtos or export results).
 
-    ``inputs``: None (random, from ``a``'s declared inputs), a sequence in input order, or a
-    mapping by input name; numpy arrays or torch tensors. ``kwargs``: keyword inputs, as a
-    torch model took them (by input name, else in order after ``inputs``). Model a is the
-    reference.
+    ``inputs``: None (random, from ``a``'s declared inputs: see
+    :func:`~onnx_modular.check.inputs.random_inputs`; the report lists what was drawn), a
+    sequence in input order, or a mapping by input name; numpy arrays or torch tensors.
+    ``kwargs``: keyword inputs, as a torch model took them (by input name, else in order
+    after ``inputs``). Model a is the reference.
     """
     check_tolerances(rtol, atol)
     la, lb = runtime.load_model(a, "model a"), runtime.load_model(b, "model b")
     (chosen,) = runtime.resolve_providers([provider])
-    fa, fb = _facts(la), _facts(lb)
+    (fa, ma), (fb, mb) = _facts(la), _facts(lb)
     reasons: list[str] = []
     sig_a, sig_b = input_signature(la.proto), input_signature(lb.proto)
     if sig_a != sig_b:
@@ -96,8 +118,13 @@ def compare(a: Any, b: Any, inputs: Any = None, *, kwargs: dict[str, Any] | None
     if len(outs_a) != len(outs_b):
         reasons.append(f"output counts differ: {len(outs_a)} vs {len(outs_b)}")
     diffs: list[OutputDiff] = []
+    drawn: list[str] = []
     if not reasons:
-        given = bind_feeds(la.proto, inputs, lb.proto, kwargs)
+        if inputs is None and not kwargs:
+            given = _random_feeds(la, ma, lb, mb, drawn)
+        else:
+            given = bind_feeds(la.proto, inputs, lb.proto, kwargs)
+        del ma, mb
         values = []
         for which, loaded, facts in (("a", la, fa), ("b", lb, fb)):
             session, facts.session_s = runtime.check_session(loaded, loaded.session_source(),
@@ -114,4 +141,4 @@ def compare(a: Any, b: Any, inputs: Any = None, *, kwargs: dict[str, Any] | None
         for i, (x, y) in enumerate(zip(*values, strict=True)):
             c = check_value(y, x, rtol, atol)
             diffs.append(OutputDiff(i, outs_a[i], outs_b[i], c.dtype, c.rtol, c.atol, c.diff))
-    return CompareReport(fa, fb, diffs, chosen, reasons)
+    return CompareReport(fa, fb, diffs, chosen, reasons, drawn)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import math
 import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from onnx_modular import runtime
+from onnx_modular._util import check_allocation
 from onnx_modular.check.inputs import declared_inputs
 from onnx_modular.check.numerics import check_value, dtype_name, onnx_elem_name, tolerances_for
 from onnx_modular.check.report import Report, md_table
@@ -45,16 +47,60 @@ def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
 
 
 def load_npz(path: str | Path, what: str) -> dict[str, np.ndarray]:
-    """Every array of an ``.npz`` file; one-line errors for what cannot be read."""
+    """Every array of an ``.npz`` file; one-line errors for what cannot be read.
+
+    Each array's header is read before its data, so a header declaring more elements than
+    memory holds fails in one line instead of a MemoryError; a ``.npy`` file, an empty
+    archive, and arrays that are not numbers (strings, records, objects) are refused.
+    """
     file = Path(path)
-    if not file.is_file():
-        raise fail(f"cannot read {what} '{file}': no such file")
+    where = f"cannot read {what} '{str(file)[:80]}'"
     try:
-        with np.load(file, allow_pickle=False) as data:
-            return {name: data[name] for name in data.files}
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
-        raise fail(f"cannot read {what} '{file}': not a numpy .npz archive "
-                   f"({runtime.first_line(exc)})") from exc
+        if not file.is_file():
+            raise fail(f"cannot read {what} '{file}': no such file")
+    except OSError as exc:  # a name too long for the file system, ...
+        raise fail(f"{where}: {exc.strerror or exc}") from exc
+    try:
+        with open(file, "rb") as handle:
+            magic = handle.read(6)
+        if magic == b"\x93NUMPY":
+            raise fail(f"{where}: it is one .npy array, not an .npz archive of arrays named "
+                       "after the model's values (numpy.savez(path, name=array))")
+        if not zipfile.is_zipfile(file):
+            raise fail(f"{where}: not a numpy .npz archive")
+        arrays: dict[str, np.ndarray] = {}
+        with zipfile.ZipFile(file) as archive:
+            members = [m for m in archive.namelist() if m.endswith(".npy")]
+            if not members:
+                raise fail(f"{where}: the archive holds no arrays")
+            for member in members:
+                name = member.removesuffix(".npy")
+                with archive.open(member) as stream:
+                    arrays[name] = _read_array(stream, f"{where}: array '{name}'")
+        return arrays
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError, MemoryError) as exc:
+        raise fail(f"{where}: not a numpy .npz archive ({runtime.first_line(exc)})") from exc
+
+
+def _read_array(stream: Any, where: str) -> np.ndarray:
+    """One ``.npy`` member: its header checked (numbers, a size memory holds), then read."""
+    version = np.lib.format.read_magic(stream)
+    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                   else np.lib.format.read_array_header_2_0)
+    shape, fortran, dtype = read_header(stream)
+    if dtype.fields is not None or dtype.kind not in "biufc":
+        raise fail(f"{where} holds {dtype} values, not numbers")
+    check_allocation(shape, dtype.itemsize, where)
+    count = math.prod(shape)
+    data = bytearray(count * dtype.itemsize)  # read in place: one copy of the values
+    view, got = memoryview(data), 0
+    while got < len(data):
+        n = stream.readinto(view[got:])
+        if not n:
+            raise fail(f"{where} is truncated ({got} of {len(data)} bytes)")
+        got += n
+    array = np.frombuffer(data, dtype=dtype, count=count)
+    return array.reshape(shape, order="F" if fortran else "C")
 
 
 def _as_declared(name: str, array: np.ndarray, elem: str) -> np.ndarray:
@@ -105,13 +151,21 @@ class IOReport(Report):
                 "providers": {r.provider: r.to_dict() for r in self.results},
                 "not_compared": list(self.not_compared)}
 
-    _HEAD = ["EP", "output", "shape", "dtype", "abs err", "rel err", "rtol/atol", "status"]
+    _HEAD = ["EP", "output", "shape", "dtype", "abs err", "rel err", "rtol/atol", "status",
+             "note"]
 
     def _rows(self) -> list[list[str]]:
-        return [[runtime.short_provider(r.provider), o.name,
+        """One row per output; the note (NaN/inf not matched, complex...) only when one
+        output has one."""
+        rows = [[runtime.short_provider(r.provider), o.name,
                  "x".join(map(str, o.shape)) or "()", o.dtype, fmt_err(o.diff.max_abs),
                  fmt_err(o.diff.max_rel), f"{fmt_tol(o.rtol)}/{fmt_tol(o.atol)}",
-                 "ok" if o.ok else "FAIL"] for r in self.results for o in r.outputs]
+                 "ok" if o.ok else "FAIL", o.diff.note]
+                for r in self.results for o in r.outputs]
+        return rows if any(row[-1] for row in rows) else [row[:-1] for row in rows]
+
+    def _head(self, rows: list[list[str]]) -> list[str]:
+        return self._HEAD[:len(rows[0])] if rows else self._HEAD[:-1]
 
     def summary(self) -> str:
         where = ", ".join(runtime.short_provider(r.provider) for r in self.results)
@@ -126,11 +180,13 @@ class IOReport(Report):
         from rich.text import Text
 
         table = Table(title="ONNX Runtime vs expected outputs", title_justify="left")
-        for h in self._HEAD:
+        rows = self._rows()
+        for h in self._head(rows):
             table.add_column(h, justify="right" if "err" in h else "left")
-        for row in self._rows():
-            table.add_row(*row[:-1], Text(row[-1], style="green" if row[-1] == "ok"
-                                          else "bold red"))
+        for row in rows:
+            # names and notes come from the files: plain Text, never markup
+            table.add_row(*map(Text, row[:7]), Text(row[7], style="green" if row[7] == "ok"
+                                                    else "bold red"), *map(Text, row[8:]))
         parts: list[Any] = [table]
         if self.not_compared:
             parts.append(Text(f"not compared (no expected value): "
@@ -140,7 +196,8 @@ class IOReport(Report):
 
     def to_markdown(self) -> str:
         lines = [f"# compare-io: {self.model}", "", f"**{self.summary()}**", ""]
-        lines += md_table(self._HEAD, self._rows())
+        rows = self._rows()
+        lines += md_table(self._head(rows), rows)
         if self.not_compared:
             lines += ["", f"Not compared: {', '.join(self.not_compared)}"]
         return "\n".join(lines) + "\n"

@@ -61,6 +61,8 @@ class CompareReport(Report):
     outputs: list[OutputDiff]
     provider: str
     reasons: list[str]
+    #: What random inputs were drawn, one line per input (empty when inputs were given).
+    inputs_drawn: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def equivalent(self) -> bool:
@@ -77,6 +79,7 @@ class CompareReport(Report):
     def to_dict(self) -> dict[str, Any]:
         return {"equivalent": self.equivalent, "same_structure": self.same_structure,
                 "provider": self.provider, "reasons": self.reasons,
+                "inputs_drawn": list(self.inputs_drawn),
                 "a": self.a.to_dict(), "b": self.b.to_dict(),
                 "outputs": [o.to_dict() for o in self.outputs]}
 
@@ -130,11 +133,19 @@ class CompareReport(Report):
             outs.add_column(h)
         for row in self._output_rows():
             outs.add_row(*map(Text, row))
-        return Group(facts, outs, Text(self.summary(),
-                                       style="green" if self.equivalent else "bold red"))
+        parts: list[Any] = [facts, outs]
+        if self.inputs_drawn:
+            parts.append(Text(self._drawn_line(), style="dim"))
+        parts.append(Text(self.summary(), style="green" if self.equivalent else "bold red"))
+        return Group(*parts)
+
+    def _drawn_line(self) -> str:
+        return "Random inputs (seed 0): " + "; ".join(self.inputs_drawn)
 
     def to_markdown(self) -> str:
         lines = [f"# Compare {self.a.label} and {self.b.label}", "", f"**{self.summary()}**", ""]
         lines += [*md_table(["", "a", "b"], self._fact_rows()), ""]
         lines += md_table(self._OUT_HEAD, self._output_rows())
+        if self.inputs_drawn:
+            lines += ["", self._drawn_line()]
         return "\n".join(lines) + "\n"

@@ -22,6 +22,12 @@ Evidence`): no re-export and, for the first mismatch, no second torch run.
 from __future__ import annotations
 
 import dataclasses
+import errno
+import os
+import re
+import secrets
+import shlex
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -32,15 +38,28 @@ import torch
 
 from onnx_modular import runtime
 from onnx_modular._compat import tensor_version
-from onnx_modular._io import atomic_write_bytes, atomic_write_text, save_model
+from onnx_modular._io import (
+    atomic_write_bytes,
+    atomic_write_text,
+    clean_stale_temporaries,
+    directory_lock,
+    save_model,
+)
 from onnx_modular.check.call_stats import CallError
 from onnx_modular.check.compare_io import IOReport, compare_io, npz_bytes
 from onnx_modular.check.localize import Evidence, Localization, OnnxCall, TorchCall
-from onnx_modular.check.numerics import check_value, dtype_name, to_numpy
+from onnx_modular.check.numerics import (
+    check_value,
+    dtype_name,
+    is_float,
+    to_numpy,
+    tolerances_for,
+)
 from onnx_modular.check.validation_report import fmt_err
 from onnx_modular.errors import fail, rules
+from onnx_modular.parts.manifest import restore_interrupted_swap, swap_in
 
-__all__ = ["Extraction", "extract", "find_call"]
+__all__ = ["Extraction", "check_directory", "extract", "find_call"]
 
 MODULE, INPUTS, EXPECTED, README = "module.onnx", "inputs.npz", "expected.npz", "README.md"
 
@@ -253,7 +272,7 @@ def _weight(init: onnx.TensorProto, name: str, base: Path | None) -> onnx.Tensor
 
         try:
             load_external_data_for_tensor(tensor, str(base))
-        except OSError as exc:
+        except Exception as exc:  # OSError, or onnx's ValidationError for a missing file
             raise fail(f"cannot read the external data of weight '{init.name}' beside the "
                        f"model in '{base}': {runtime.first_line(exc)}", rules.VALIDATION
                        ) from exc
@@ -345,15 +364,68 @@ def _pair_outputs(wanted: list[tuple[str, np.ndarray | None]], tcall: TorchCall
 # ---- writing ---------------------------------------------------------------------------------
 
 def _command(provider: str, rtol: float | None, atol: float | None, prefix: str = "") -> str:
+    """The compare-io command line, each path shell-quoted (a folder may hold a space)."""
     tol = "".join(f" --{k} {v:g}" for k, v in (("rtol", rtol), ("atol", atol)) if v is not None)
     short = runtime.short_provider(provider).lower()
-    return (f"python -m onnx_modular compare-io {prefix}{MODULE} {prefix}{INPUTS} "
-            f"{prefix}{EXPECTED} --providers {short}{tol}")
+    files = " ".join(shlex.quote(f"{prefix}{name}") for name in (MODULE, INPUTS, EXPECTED))
+    return f"python -m onnx_modular compare-io {files} --providers {short}{tol}"
+
+
+#: What a repro folder holds (``module.onnx.<id>.data``: the weights of a module over 2 GB).
+_REPRO_FILE = re.compile(rf"^({re.escape(MODULE)}|{re.escape(INPUTS)}|{re.escape(EXPECTED)}|"
+                         rf"{re.escape(README)}|{re.escape(MODULE)}\.[0-9a-f]+\.data)$")
+
+
+def check_directory(directory: str | Path) -> Path:
+    """The folder a repro may be written to, resolved (``.`` and symlinks), or one line
+    saying why not: a new folder, an empty one or an earlier repro (which is replaced as
+    a whole); never a folder of other files, which the repro would replace."""
+    if not str(directory):
+        raise fail("cannot extract to '': the folder name is empty", rules.BAD_INPUT)
+    given = Path(directory)
+    if given.exists() and not given.is_dir():
+        raise fail(f"cannot extract to '{given}': it is a file, not a directory",
+                   rules.BAD_INPUT)
+    target = given.resolve()
+    if target.is_dir():
+        foreign = sorted(e.name for e in target.iterdir() if not _REPRO_FILE.match(e.name))
+        if foreign:
+            shown = ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")
+            raise fail(f"cannot extract to '{given}': it holds files that are not part of a "
+                       f"repro ({shown}), which it would replace; give an empty or new "
+                       "folder", rules.BAD_INPUT)
+    parent = target.parent
+    if not parent.is_dir():
+        raise fail(f"cannot extract to '{given}': directory '{parent}' does not exist",
+                   rules.BAD_INPUT)
+    if not os.access(parent, os.W_OK) or (target.is_dir() and not os.access(target, os.W_OK)):
+        raise fail(f"cannot extract to '{given}': it is not writable", rules.BAD_INPUT)
+    return target
+
+
+def _publish(staging: Path, target: Path) -> None:
+    """The staged repro in place of ``target``'s, as one set: the folder is swapped in with
+    renames, one extraction at a time (a lock on the parent folder), so two at once leave
+    one whole repro, never a mix. The current directory (or one holding it) keeps its
+    inode: its files are renamed in one by one."""
+    cwd = Path.cwd().resolve()
+    with directory_lock(target.parent):
+        if target == cwd or target in cwd.parents:
+            for entry in sorted(target.iterdir()):
+                if _REPRO_FILE.match(entry.name) and not (staging / entry.name).exists():
+                    entry.unlink()
+            for entry in sorted(staging.iterdir()):
+                os.replace(entry, target / entry.name)
+            return
+        restore_interrupted_swap(target)
+        swap_in(staging, target)
 
 
 def _readme(x: Extraction, label: str, provider: str, rtol: float | None,
             atol: float | None) -> str:
     short = runtime.short_provider(provider)
+    dtype = next((p.dtype for p in x.outputs if is_float(p.dtype)), "float32")
+    r, a = tolerances_for(dtype, rtol, atol)  # the snippet's, for its first float output
     if x.reproduces:
         verdict = "**reproduces the mismatch**"
     elif x.in_model is not None and not x.in_model.ok:
@@ -381,11 +453,15 @@ def _readme(x: Extraction, label: str, provider: str, rtol: float | None,
               f'expected = np.load("{EXPECTED}")',
               "names = [o.name for o in session.get_outputs()]",
               "for name, got in zip(names, session.run(None, inputs)):",
-              "    if name in expected:",
-              "        want = expected[name].astype(np.float64)",
-              "        err = np.abs(got.astype(np.float64) - want)",
-              "        rel = err / np.maximum(np.abs(want), 1e-4)",
-              '        print(name, "max abs err", err.max(), "max rel err", rel.max())',
+              "    if name not in expected:",
+              "        continue",
+              "    want = expected[name]",
+              "    if np.issubdtype(want.dtype, np.inexact):  # NaN matches only NaN",
+              f"        ok = np.isclose(got.astype(np.float64), want, rtol={r:g}, "
+              f"atol={a:g}, equal_nan=True)",
+              "    else:  # integers and bool: exactly",
+              "        ok = got == want",
+              '    print(name, int((~ok).sum()), "of", ok.size, "values out of tolerance")',
               "```", ""]
     if any(p.dtype == "bfloat16" for p in x.inputs):
         lines += ["bfloat16 inputs are stored as their uint16 bit patterns (numpy has no "
@@ -449,17 +525,37 @@ def _write(evidence: Evidence, k: int, j: int, loaded: runtime.LoadedModel, prov
     model = _model(proto, built, weights, {n: v for n, (v, _) in inputs.items()},
                    {n: values.get(a) for n, a in built.outputs}, tcall, loaded.label)
 
-    if directory.exists() and not directory.is_dir():
-        raise fail(f"cannot extract to '{directory}': it is a file, not a directory")
+    target = check_directory(directory)
+    restore_interrupted_swap(target)  # before the cleaning, which would take the old set
+    clean_stale_temporaries(target.parent, target.name)
+    staging = target.parent / f".{target.name}.om{os.getpid()}-{secrets.token_hex(4)}.tmp"
     try:
-        directory.mkdir(parents=False, exist_ok=True)
+        staging.mkdir()
+        extraction = _stage(staging, directory, evidence, built, tcall, kind, model, inputs,
+                            expected, weights, values, in_model, provider, loaded.label)
+        _publish(staging, target)
     except OSError as exc:
-        raise fail(f"cannot create '{directory}': {exc.strerror or exc}") from exc
-    atomic_write_bytes(directory / INPUTS, npz_bytes({n: v for n, (v, _) in inputs.items()}))
-    atomic_write_bytes(directory / EXPECTED,
+        why = "no space left on the device" if exc.errno == errno.ENOSPC else \
+            exc.strerror or str(exc)
+        raise fail(f"cannot extract to '{directory}': {why} (the folder was left as it was)",
+                   rules.VALIDATION) from exc
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return extraction
+
+
+def _stage(staging: Path, directory: Path, evidence: Evidence, built: _Built, tcall: TorchCall,
+           kind: str, model: onnx.ModelProto, inputs: dict[str, tuple[np.ndarray, str]],
+           expected: dict[str, tuple[np.ndarray, str]], weights: list[onnx.TensorProto],
+           values: dict[str, np.ndarray], in_model: CallError | None, provider: str,
+           label: str) -> Extraction:
+    """Every file of the repro, written into ``staging`` and checked there."""
+    atomic_write_bytes(staging / INPUTS, npz_bytes({n: v for n, (v, _) in inputs.items()}))
+    atomic_write_bytes(staging / EXPECTED,
                        npz_bytes({n: v for n, (v, _) in expected.items()}))
-    save_model(ir.serde.deserialize_model(model), directory / MODULE)
-    alone = compare_io(directory / MODULE, directory / INPUTS, directory / EXPECTED,
+    save_model(ir.serde.deserialize_model(model), staging / MODULE)
+    alone = compare_io(staging / MODULE, staging / INPUTS, staging / EXPECTED,
                        providers=[provider], rtol=evidence.rtol, atol=evidence.atol)
     out_values = {n: values.get(a) for n, a in built.outputs}
     extraction = Extraction(
@@ -472,8 +568,8 @@ def _write(evidence: Evidence, k: int, j: int, loaded: runtime.LoadedModel, prov
          for n, _ in built.outputs],
         len(weights), sum(_nbytes(w) for w in weights), in_model, alone,
         _command(provider, evidence.rtol, evidence.atol, prefix=f"{directory}/"))
-    atomic_write_text(directory / README,
-                      _readme(extraction, loaded.label, provider, evidence.rtol, evidence.atol))
+    atomic_write_text(staging / README,
+                      _readme(extraction, label, provider, evidence.rtol, evidence.atol))
     return extraction
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import torch
 
 from onnx_modular import runtime
@@ -212,14 +213,61 @@ def _eval_dim(node: ast.AST, symbols: dict[str, int]) -> int:
     return value
 
 
+#: Ops an index passes through unchanged in value on its way to the table it indexes.
+_INDEX_PASS_THROUGH = frozenset({"Cast", "CastLike", "Identity", "Unsqueeze", "Squeeze",
+                                 "Reshape", "Flatten", "Expand"})
+
+
+def index_ranges(model: ir.Model) -> dict[str, tuple[int, str]]:
+    """Integer graph inputs that index a table: ``{input: (rows, table name)}``.
+
+    An input is the indices of a ``Gather`` (directly or through ops that keep its values,
+    such as Cast and Unsqueeze) whose data has a static size on the gathered axis: an
+    embedding's vocabulary. With several tables, the smallest bounds the input. ``model``
+    is inlined (local functions hide their bodies' Gathers).
+    """
+    found: dict[str, tuple[int, str]] = {}
+    for value in model.graph.inputs:
+        todo, seen = [value], {id(value)}
+        while todo:
+            for node, index in todo.pop().uses():
+                if node.domain not in ("", "ai.onnx"):
+                    continue
+                if node.op_type in _INDEX_PASS_THROUGH and index == 0:
+                    for out in node.outputs:
+                        if id(out) not in seen:
+                            seen.add(id(out))
+                            todo.append(out)
+                elif node.op_type == "Gather" and index == 1 and node.inputs[0] is not None:
+                    data = node.inputs[0]
+                    axis = node.attributes.get_int("axis", 0)
+                    shape = data.shape
+                    if shape is None or not -len(shape) <= axis < len(shape):
+                        continue
+                    rows = shape[axis]
+                    if isinstance(rows, int) and rows > 0 and (
+                            value.name not in found or rows < found[value.name][0]):
+                        found[str(value.name)] = (rows, str(data.name))
+    return found
+
+
+#: Integers that index no table are drawn from [0, DEFAULT_INT_HIGH): masks and flags.
+DEFAULT_INT_HIGH = 2
+
+
 def random_inputs(model: onnx.ModelProto, seed: int = 0,
-                  other: onnx.ModelProto | None = None) -> dict[str, np.ndarray]:
+                  other: onnx.ModelProto | None = None,
+                  ranges: Mapping[str, tuple[int, str]] | None = None,
+                  drawn: list[str] | None = None) -> dict[str, np.ndarray]:
     """Inputs from the declared types and shapes; dynamic dims get ``DEFAULT_DIM``.
 
     A dimension dynamic in ``model`` but static in ``other`` takes ``other``'s size, so one
-    set of inputs fits both. Floats are standard normal; integers are 0 or 1 (valid
-    indices, masks and ids alike).
+    set of inputs fits both. Floats are standard normal; integers that index a table
+    (``ranges``, from :func:`index_ranges`: an embedding's token ids) are uniform over its
+    rows, so every row can be hit; other integers are 0 or 1 (masks, flags); bool is
+    either. ``drawn`` receives one line per input saying what was drawn.
     """
+    ranges = ranges or {}
     rng = np.random.default_rng(seed)
     twins = declared_inputs(other) if other is not None else []
     symbols: dict[str, int] = {}
@@ -246,10 +294,19 @@ def random_inputs(model: onnx.ModelProto, seed: int = 0,
                      "the random inputs together")
     made = {}
     for name, shape, np_type in shapes:
+        size = "x".join(map(str, shape)) or "scalar"
         if np.issubdtype(np_type, np.floating) or "float" in np_type.name:
             made[name] = rng.standard_normal(shape).astype(np_type)
+            what = "standard normal"
         elif np_type == np.bool_:
             made[name] = rng.integers(0, 2, shape).astype(np.bool_)
+            what = "False or True"
         else:
-            made[name] = rng.integers(0, 2, shape).astype(np_type)
+            high, why = ranges.get(name, (DEFAULT_INT_HIGH, ""))
+            high = min(high, int(np.iinfo(np_type).max) + 1)
+            made[name] = rng.integers(0, high, shape).astype(np_type)
+            what = f"integers in [0, {high})" + (
+                f", the rows of {why}" if why else " (indexes no table: a mask or flag)")
+        if drawn is not None:
+            drawn.append(f"{name}: {np_type.name} {size}, {what}")
     return made

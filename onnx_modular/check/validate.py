@@ -26,7 +26,7 @@ from onnx_modular._checkpoint import (
     check_checkpoint,
     meta_tensor,
 )
-from onnx_modular._compat import tree_leaves
+from onnx_modular._compat import tree_leaves, tree_map
 from onnx_modular._util import gc_paused
 from onnx_modular.check.inputs import as_args, bind_inputs, leaves
 from onnx_modular.check.localize import (
@@ -67,8 +67,11 @@ def validate(
     takes it): torch runs on its tensors mapped from their files, bound only while it runs.
     """
     check_tolerances(rtol, atol)
-    args = as_args(args)
-    kwargs = dict(kwargs or {})
+    # A forward that changes its inputs in place (x.relu_()) must not change what ONNX
+    # Runtime is fed, nor what a second torch run (localization) sees: both sides read this
+    # snapshot, torch through a fresh copy each run, and the caller's tensors stay as given.
+    args = _snapshot(as_args(args))
+    kwargs = _snapshot(dict(kwargs or {}))
     loaded = runtime.load_model(onnx_model)
     chosen = runtime.resolve_providers(providers)
     # Only providers the user left to the default may be skipped; an explicit request for
@@ -189,6 +192,7 @@ def _run_eager(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
             except Exception:  # localization is best effort; the reference still runs
                 record = False
     calls = None
+    args, kwargs = _snapshot(args), _snapshot(kwargs)
     with torch.no_grad():
         try:
             if record:
@@ -203,6 +207,11 @@ def _run_eager(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                        f"{type(exc).__name__}: {runtime.first_line(exc)}") from exc
     flat = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
     return flat, calls
+
+
+def _snapshot(value: Any) -> Any:
+    """``value`` with every tensor in it copied (a pytree of inputs)."""
+    return tree_map(lambda x: x.detach().clone() if isinstance(x, torch.Tensor) else x, value)
 
 
 def _check(name: str, actual: np.ndarray, expected: torch.Tensor,

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from rich.markup import escape
 
+from onnx_modular import _interrupt
 from onnx_modular.cli import (
     common,
     compare,
@@ -49,10 +50,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     With ``--debug`` the error is re-raised as it is, so Python prints the whole chain,
     down to the user's own frames (errors keep their cause with ``raise ... from e``).
     """
-    args = build_parser().parse_args(argv)
+    _interrupt.restore()  # everything is imported: KeyboardInterrupt is caught below
+    try:
+        args = build_parser().parse_args(argv)
+    except KeyboardInterrupt:
+        common.err.print("interrupted")
+        return 130
     try:
         return args.run(args)
-    except (OnnxModularError, FileNotFoundError, PermissionError, IsADirectoryError) as e:
+    except (OnnxModularError, OSError) as e:  # OSError: a path no early check foresaw
         if args.debug:
             raise
         message = str(e) if isinstance(e, OnnxModularError) else f"error: {e}"

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from onnx_modular.check.compare import compare
-from onnx_modular.cli import common
+from onnx_modular.cli import common, paths
 from onnx_modular.cli.loading import load_inputs
 
 
@@ -23,9 +23,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Compare on the given inputs (or random ones) and print the report."""
+    paths.check_paths(reads={**paths.onnx_files("A.onnx", args.a),
+                             **paths.onnx_files("B.onnx", args.b),
+                             "--inputs": paths.spec_file(args.inputs) or args.inputs},
+                      files={"--report": args.report})
     if args.report:
         common.check_report(args.report)
-    inputs, kwargs = load_inputs(args.inputs) if args.inputs else (None, {})
+    inputs, kwargs = load_inputs(args.inputs) if args.inputs is not None else (None, {})
     with common.step("Comparing"):
         rep = compare(args.a, args.b, inputs, kwargs=kwargs)
     return common.finish(rep, rep.equivalent, args.report)

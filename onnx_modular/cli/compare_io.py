@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 from onnx_modular.check.compare_io import compare_io
-from onnx_modular.cli import common
+from onnx_modular.cli import common, paths
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -26,6 +26,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Run and compare; print the report."""
+    paths.check_paths(reads={**paths.onnx_files("MODEL.onnx", args.onnx),
+                             "INPUTS.npz": args.inputs, "EXPECTED.npz": args.expected},
+                      files={"--report": args.report})
     if args.report:
         common.check_report(args.report)
     with common.step("Running and comparing"):

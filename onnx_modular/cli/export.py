@@ -7,6 +7,7 @@ providers): an export can take minutes, and a typo should not cost them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from rich.text import Text
 from onnx_modular.api.export import ExportResult, export
 from onnx_modular.check.inspect import summary
 from onnx_modular.check.validate import validate
-from onnx_modular.cli import common
+from onnx_modular.cli import common, paths
 from onnx_modular.diagnostics import DiagnosticContext, OnnxModularError, write_sarif
 from onnx_modular.errors import fail, rules
 from onnx_modular.lower.translate import check_opset
@@ -46,18 +47,35 @@ def run(args: argparse.Namespace) -> int:
     if not args.validate and (args.report or args.providers):
         flag = "--report" if args.report else "--providers"
         raise fail(f"{flag} applies to the validation: add --validate", rules.BAD_INPUT)
+    paths.check_paths(
+        reads={"MODEL": paths.spec_file(args.model), "--inputs": paths.spec_file(args.inputs)},
+        files={"-o": args.output, "--sarif": args.sarif, "--report": args.report})
+    if not args.functions.strip(" ,"):
+        raise fail("--functions is empty: give all, none, or classes, class names or module "
+                   "paths", rules.BAD_INPUT)
     common.check_writable(args.output)
-    if args.sarif:
+    if args.sarif is not None:
         common.check_writable(args.sarif)
     if args.report:
         common.check_report(args.report)
     providers = common.providers(args.providers)
-    check_opset(args.opset, flat=_functions(args) == "none", ctx=DiagnosticContext())
-    model, inputs, kwargs = common.load_model_and_inputs(args)
-    start = time.perf_counter()
-    with common.step("Exporting (capture, translate, outline, optimize)"):
-        result = export(model, inputs, kwargs or None, functions=_functions(args),
-                        dedupe=not args.no_dedupe, opset=args.opset, weights=args.weights)
+    ctx = DiagnosticContext()
+    try:
+        check_opset(args.opset, flat=_functions(args) == "none", ctx=DiagnosticContext())
+        model, inputs, kwargs = common.load_model_and_inputs(args)
+        start = time.perf_counter()
+        with common.step("Exporting (capture, translate, outline, optimize)"):
+            result = export(model, inputs, kwargs or None, functions=_functions(args),
+                            dedupe=not args.no_dedupe, opset=args.opset,
+                            weights=args.weights, ctx=ctx)
+    except OnnxModularError as e:
+        if args.sarif:  # CI reads the failure and its file:line from the log
+            found = list(ctx.diagnostics)
+            if not any(d is e.diagnostic for d in found):
+                found.append(e.diagnostic)
+            with contextlib.suppress(OnnxModularError):
+                write_sarif(found, args.sarif)
+        raise
     with common.step(f"Writing {args.output}"):
         result.save(args.output)
     elapsed = time.perf_counter() - start

@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from onnx_modular.check.inspect import call_tree, function_table, load_onnx, summary
-from onnx_modular.cli import common
+from onnx_modular.cli import common, paths
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -25,6 +25,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Print the tree, the function table and the totals (or the totals as JSON)."""
+    paths.check_paths(reads={"MODEL.onnx": args.onnx}, files={})
     model = load_onnx(args.onnx, load_external_data=False)
     facts = summary(model)
     if args.json:

@@ -12,7 +12,7 @@ from rich.markup import escape
 from onnx_modular._util import parse_bytes
 from onnx_modular.api.split import SplitResult, split
 from onnx_modular.api.stages import plan_stages, split_stages
-from onnx_modular.cli import common
+from onnx_modular.cli import common, paths
 from onnx_modular.errors import fail, rules
 from onnx_modular.lower.capture import capture
 from onnx_modular.parts.manifest import check_parts_directory
@@ -78,6 +78,10 @@ def run(args: argparse.Namespace) -> int:
     the split points, the stage budget.
     """
     num_stages, budget = _balanced_options(args)
+    paths.check_paths(
+        reads={"MODEL": paths.spec_file(args.model), "--inputs": paths.spec_file(args.inputs),
+               "--acc-ops": args.acc_ops},
+        files={}, folders={"-o": args.output, "--triton": args.triton})
     check_parts_directory(args.output)
     if args.triton_kind and args.triton is None:
         common.usage_error("split", "argument --triton-kind: needs --triton DIR")

@@ -7,13 +7,13 @@ after the user's model has been constructed.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from rich.markup import escape
 
+from onnx_modular.check.extract import check_directory
 from onnx_modular.check.validate import validate
-from onnx_modular.cli import common
+from onnx_modular.cli import common, paths
 from onnx_modular.errors import fail, rules
 from onnx_modular.runtime import load_model
 
@@ -39,6 +39,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Validate and print the report: 0 when every output matches, 1 when one does not."""
+    paths.check_paths(
+        reads={"MODEL": paths.spec_file(args.model), "--inputs": paths.spec_file(args.inputs),
+               **paths.onnx_files("MODEL.onnx", args.onnx)},
+        files={"--report": args.report, "--node-data": args.node_data},
+        folders={"--extract": args.extract})
     if args.report:
         common.check_report(args.report)
     _check_repro_flags(args)
@@ -56,14 +61,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_repro_flags(args: argparse.Namespace) -> None:
     """Flags that cannot work fail before the long work."""
-    if args.call and not args.extract:
+    if args.call and args.extract is None:
         raise fail("--call names the module call to extract: add --extract DIR",
                    rules.BAD_INPUT)
-    if args.extract:
-        target = Path(args.extract)
-        if target.exists() and not target.is_dir():
-            raise fail(f"--extract: '{target}' is a file, not a directory", rules.BAD_INPUT)
-        common.check_writable(str(target))
+    if args.extract is not None:
+        check_directory(args.extract)  # new, empty or an earlier repro: replaced whole
     if args.node_data:
         common.check_writable(args.node_data)
 
@@ -90,5 +92,6 @@ def _repro(rep: Any, args: argparse.Namespace) -> None:
         extraction = rep.extract(args.extract, call=args.call)
     out.print(f"[bold]{escape(str(extraction))}[/bold]")
     out.print(f"Extracted {extraction.call_id} to {extraction.directory}/ (module.onnx, "
-              "inputs.npz, expected.npz, README.md)", highlight=False)
-    out.print(f"Reproduce with: {extraction.command}", highlight=False, soft_wrap=True)
+              "inputs.npz, expected.npz, README.md)", highlight=False, markup=False)
+    out.print(f"Reproduce with: {extraction.command}", highlight=False, soft_wrap=True,
+              markup=False)

@@ -138,7 +138,7 @@ def save_parts(directory: str | os.PathLike[str], parts: Sequence[Any],
                        external_data_threshold=EXTERNAL_DATA_ABOVE)
         atomic_write_text(staging / MANIFEST, json.dumps({**manifest, "set_id": set_id},
                                                          indent=2))
-        _swap_in(staging, out)
+        swap_in(staging, out)
     except OSError as e:
         raise fail(f"cannot write parts to '{out}': {e.strerror or e}"
                    + ("; nothing was changed" if out.exists() or not staging.exists()
@@ -157,6 +157,14 @@ def check_parts_directory(directory: str | os.PathLike[str]) -> Path:
     out = Path(directory)
     if out.exists() and not out.is_dir():
         raise fail(f"cannot write parts to '{out}': it is a file, not a directory")
+    if out.is_dir() and not (out / MANIFEST).is_file():
+        # the set replaces the folder as a whole: only an earlier set, or nothing, may go
+        others = sorted(e.name for e in out.iterdir())
+        if others:
+            shown = ", ".join(others[:4]) + (", ..." if len(others) > 4 else "")
+            raise fail(f"cannot write parts to '{out}': it holds files and no {MANIFEST} "
+                       f"({shown}); it is not a parts directory, and saving would replace "
+                       "them: give an empty or new folder")
     parent = out.parent
     if not parent.is_dir():
         raise fail(f"cannot write parts to '{out}': directory '{parent}' does not exist")
@@ -165,7 +173,9 @@ def check_parts_directory(directory: str | os.PathLike[str]) -> Path:
     return out
 
 
-def _swap_in(staging: Path, out: Path) -> None:
+def swap_in(staging: Path, out: Path) -> None:
+    """The folder ``staging`` in place of ``out`` with two renames (the old one removed
+    after); a rename that fails puts the old folder back."""
     if not out.exists():
         os.rename(staging, out)
         return

@@ -62,10 +62,21 @@ class StagePlan:
     how: str  # "num_stages=4", "max_stage_bytes=2.00 GB", ...
 
     @property
+    def cuts(self) -> list[tuple[str, str]]:
+        """Where each stage after the first begins, in order: (module path, "beginning" or
+        "end"). One path may be cut at both ends (the last block alone in a stage, the
+        tail in the next): what ``from_split_points`` is given."""
+        return [(s.units[0].path, s.units[0].where) for s in self.stages[1:]
+                if s.units[0].path is not None]
+
+    @property
     def split_points(self) -> dict[str, str]:
-        """Where each stage after the first begins: module path -> "beginning" / "end"."""
-        return {s.units[0].path: s.units[0].where for s in self.stages[1:]
-                if s.units[0].path is not None}
+        """:attr:`cuts` as ``split_points`` (module path -> "beginning" / "end"); a path cut
+        at both ends keeps its beginning here, so the plan itself goes by :attr:`cuts`."""
+        points: dict[str, str] = {}
+        for path, where in self.cuts:
+            points.setdefault(path, where)
+        return points
 
     @property
     def stage_bytes(self) -> list[int]:

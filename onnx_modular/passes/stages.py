@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import torch.fx
@@ -75,10 +75,13 @@ def from_markers(ep: torch.export.ExportedProgram) -> StageAssignment:
 _WHERE = ("beginning", "end")
 
 
-def from_split_points(ep: torch.export.ExportedProgram, split_points: Mapping[str, object],
+def from_split_points(ep: torch.export.ExportedProgram,
+                      split_points: Mapping[str, object] | Sequence[tuple[str, object]],
                       ctx: DiagnosticContext | None = None,
                       module_names: set[str] | None = None) -> StageAssignment:
     """Cut before a module's first node ("beginning") or after its last node ("end").
+
+    ``split_points``: a mapping, or (path, where) pairs, which may cut one path at both ends.
 
     ``module_names`` (the model's ``named_modules()``) tells a typo from a module that never
     runs; without it, the modules seen in the graph are all that is known.
@@ -88,7 +91,8 @@ def from_split_points(ep: torch.export.ExportedProgram, split_points: Mapping[st
     known = module_names if module_names is not None else {
         p for n in nodes for p in _paths_of(n)}
     cuts: list[int] = []
-    for path, where in split_points.items():
+    pairs = split_points.items() if isinstance(split_points, Mapping) else split_points
+    for path, where in pairs:
         where = str(getattr(where, "name", where)).lower()  # PiPPy-like enums too
         if where not in _WHERE:
             raise ctx.error(rules.SPLIT_POINT, Location(module_path=path), reason=(
