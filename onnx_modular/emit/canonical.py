@@ -115,12 +115,12 @@ class _Keyer:
 
     def _subgraph(self, graph: ir.Graph, outer: Mapping[ir.Value, Any]) -> str:
         # A subgraph's inputs are part of the attribute, never the call's shapes: they count
-        # even where the enclosing graph's signature is left out. Order-free keys resolve
-        # the subgraph's references to enclosing values by key (no names); positional ones
-        # by name, as they always have.
+        # even where the enclosing graph's signature is left out. A subgraph's references to
+        # enclosing values resolve by their keys there, not by names (an If branch of one
+        # block reads `linear`, the same branch of the next block `linear_1`).
         sub = _Keyer(self.signature or "shape", self.order_free, self.fold,
                      self.constant_limit)
-        return sub.key(graph, outer if self.order_free else {})
+        return sub.key(graph, outer, nested=True)
 
     # -- graphs ------------------------------------------------------------------------------
 
@@ -132,11 +132,11 @@ class _Keyer:
                          for v in graph.inputs)
         return ()
 
-    def key(self, graph: ir.Graph, outer: Mapping[ir.Value, Any]) -> str:
+    def key(self, graph: ir.Graph, outer: Mapping[ir.Value, Any], nested: bool = False) -> str:
         tokens: dict[ir.Value, Any] = {}
         for i, value in enumerate(graph.inputs):
             tokens[value] = ("in", i)
-        if self.fold:
+        if self.fold or nested:  # a subgraph's initializers are its constants (If branches)
             for value in graph.initializers.values():
                 tokens.setdefault(value, self._initializer_key(value))
 
@@ -147,7 +147,9 @@ class _Keyer:
                 return None
             if v in tokens:
                 return tokens[v]
-            return outer.get(v, ("outer",)) if self.order_free else ("outer", v.name)
+            if self.order_free:
+                return outer.get(v, ("outer",))
+            return ("outer", outer[v]) if v in outer else ("outer", v.name)
 
         parts: list[Any] = []
         for node in graph:
