@@ -251,3 +251,86 @@ def test_no_function_is_named_like_an_operator(ort_outputs, assert_close) -> Non
     assert_close(ort_outputs(proto, args)[0], model(*args), 1e-5)
     again = om.export(model, args, dedupe=False).model_proto
     assert again.SerializeToString() == proto.SerializeToString()  # deterministic names
+
+
+# ---- functions parametrized by attributes ---------------------------------------------------
+
+
+class Bounded(nn.Module):
+    """A scale and clamp bounds as plain Python floats: Constants in the body."""
+
+    def __init__(self, scale: float, low: float, high: float) -> None:
+        super().__init__()
+        self.scale, self.low, self.high = scale, low, high
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x * self.scale).clamp(self.low, self.high)
+
+
+class Layer(nn.Module):
+    """A layer whose hyperparameters vary with its depth, as in a model's per-layer config."""
+
+    def __init__(self, alpha: float, eps: float, scale: float) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.act = nn.CELU(alpha)
+        self.norm = nn.LayerNorm(8, eps=eps)
+        self.bound = Bounded(scale, -scale, 2 * scale)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bound(self.norm(self.act(self.fc(x))))
+
+
+class Hyper(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(Layer(alpha, eps, scale) for alpha, eps, scale in
+                                    [(1.0, 1e-5, 0.5), (2.0, 1e-3, 1.5), (0.5, 1e-5, 3.0)])
+        self.acts = nn.ModuleList([nn.LeakyReLU(0.1), nn.LeakyReLU(0.3), nn.ELU(0.5),
+                                   nn.Hardtanh(-2.0, 2.0), nn.Hardtanh(-1.0, 3.0)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        for act in self.acts:
+            x = act(x)
+        return x
+
+
+def _attributes(function: onnx.FunctionProto) -> list[str]:
+    return [*function.attribute, *(a.name for a in function.attribute_proto)]
+
+
+def test_bodies_differing_in_scalars_share_one_function_with_attributes(
+        ort_outputs, assert_close, tmp_path) -> None:
+    torch.manual_seed(0)
+    model, args = Hyper().eval(), (torch.randn(2, 8) * 3,)
+    proto = om.export(model, args).model_proto
+    onnx.checker.check_model(proto, full_check=True)
+    functions = {f.name: f for f in proto.functions}
+    for cls in ["Layer", "CELU", "LayerNorm", "Bounded", "LeakyReLU", "Hardtanh"]:
+        assert _functions_of(proto, cls) == [cls], cls
+    assert _attributes(functions["CELU"]) == ["alpha"]
+    assert _attributes(functions["LayerNorm"]) == ["epsilon"]
+    assert len(_attributes(functions["Bounded"])) == 3  # scale, low, high
+    # the layer passes its own attributes on to its children
+    refs = {a.ref_attr_name for n in functions["Layer"].node for a in n.attribute}
+    assert {"alpha", "epsilon"} <= refs
+    alphas = [next(a.f for a in n.attribute if a.name == "alpha")
+              for n in proto.graph.node if n.op_type == "Layer"]
+    assert alphas == [1.0, 2.0, 0.5]
+    expected = model(*args)
+    assert_close(ort_outputs(proto, args)[0], expected, 1e-5)
+    inlined = onnx.inliner.inline_local_functions(proto)
+    onnx.checker.check_model(inlined, full_check=True)
+    assert_close(ort_outputs(inlined, args)[0], expected, 1e-5)
+    # invariant 2: inlined, the same ops as the flat model, same numbers bit for bit
+    flat = om.export(model, args, functions="none").model_proto
+    ops = collections.Counter(n.op_type for n in inlined.graph.node if n.op_type != "Constant")
+    assert ops == collections.Counter(n.op_type for n in flat.graph.node)
+    assert (ort_outputs(proto, args)[0] == ort_outputs(flat, args)[0]).all()
+    assert om.validate(model, args, proto, providers="cpu").ok
+    # invariant 6: byte-identical
+    om.export(model, args).save(tmp_path / "a.onnx")
+    om.export(model, args).save(tmp_path / "b.onnx")
+    assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()

@@ -170,6 +170,8 @@ CNNS = {"squeezenet": SqueezeNet, "resnet": ResNet, "densenet": DenseNet,
 # ---- the independent count --------------------------------------------------------------------
 
 def _attribute_key(attr: onnx.AttributeProto) -> object:
+    if attr.ref_attr_name:  # a parametrized body: the value is the call's
+        return ("ref", attr.ref_attr_name)
     value = onnx.helper.get_attribute_value(attr)
     if isinstance(value, onnx.TensorProto):
         return hashlib.sha1(value.SerializeToString()).hexdigest()

@@ -10,6 +10,7 @@ every call of the class keeps the same computation; the holds go again right aft
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import onnx_ir as ir
@@ -18,6 +19,7 @@ from onnx_modular.metadata import CallInfo
 
 _DOMAIN = "onnx_modular.fold"
 _HOLD = "Hold"
+_NUMBER = re.compile(r"(?<![^.])\d+(?![^.])")  # a whole path component of digits
 
 
 def _has_subgraph(node: ir.Node) -> bool:
@@ -56,13 +58,17 @@ def _call_inputs(nodes: Sequence[ir.Node], per_node: Sequence[tuple[CallInfo, ..
 def hold_varying_inputs(graph: ir.Graph, nodes: Sequence[ir.Node],
                         per_node: Sequence[tuple[CallInfo, ...]]) -> list[ir.Node]:
     """Hold every computed constant that enters a call where the same input of another call
-    of its class (same number of inputs, same position) is not a constant. Returns the
+    of its class and place (``layers.0`` and ``layers.1``: paths equal up to indices; same
+    number of inputs, same position) is not a constant. Calls elsewhere may play another
+    part (``wpe`` and ``wte`` are both Embeddings; positions fold, ids do not). Returns the
     holds, for :func:`release`."""
     constant = _constants(graph)
-    by_class: dict[tuple[str, int], list[list[tuple[ir.Value, list[tuple[ir.Node, int]]]]]] = {}
+    by_class: dict[tuple[str, str, int],
+                   list[list[tuple[ir.Value, list[tuple[ir.Node, int]]]]]] = {}
     for call, reads in _call_inputs(nodes, per_node).items():
         items = list(reads.items())
-        by_class.setdefault((call.module_type, len(items)), []).append(items)
+        key = (call.module_type, _NUMBER.sub("#", call.module_path), len(items))
+        by_class.setdefault(key, []).append(items)
     holds: list[ir.Node] = []
     for calls in by_class.values():
         if len(calls) < 2:

@@ -24,6 +24,7 @@ from onnx_modular._compat import ort_contrib_operator_names
 from onnx_modular._util import class_identifier, common_prefix
 from onnx_modular.emit.canonical import graph_key
 from onnx_modular.emit.labels import call_scope, relativize
+from onnx_modular.emit.parametrize import merge_scalar_variants
 from onnx_modular.metadata import (
     META_CALL,
     META_FX_OUTPUTS,
@@ -401,6 +402,8 @@ def merge_equal_functions(model: ir.Model, report: OutlineReport | None = None) 
         else:
             kept_for = _merge_unused_outputs(model, target)
             if not kept_for:
+                kept_for = _merge_parametrized(model, target)
+            if not kept_for:
                 break
         merged += len(kept_for)
     if not merged:
@@ -427,6 +430,18 @@ def merge_equal_functions(model: ir.Model, report: OutlineReport | None = None) 
                                    for call, name in report.function_of_call.items()}
         report.functions = len(model.functions)
     return merged
+
+
+def _merge_parametrized(model: ir.Model, target: dict[int, ir.Function]
+                        ) -> dict[ir.OperatorIdentifier, ir.Function]:
+    """Bodies of one class that differ only in float scalars: one function with attributes
+    (:mod:`.parametrize`)."""
+    kept_for: dict[ir.OperatorIdentifier, ir.Function] = {}
+    for gone, kept in merge_scalar_variants(model):
+        target[id(gone)] = kept
+        kept_for[gone.identifier()] = kept
+        _drop_value_types(kept)
+    return kept_for
 
 
 def _merge_unused_outputs(model: ir.Model, target: dict[int, ir.Function]
@@ -490,6 +505,7 @@ def _widen_calls(model: ir.Model, small: ir.Function, full: ir.Function,
             if node.op_identifier() != small.identifier():
                 continue
             wider = ir.Node(full.domain, full.name, list(node.inputs),
+                            attributes=list(node.attributes.values()),  # a call's parameters
                             num_outputs=len(full.outputs), name=node.name,
                             metadata_props=dict(node.metadata_props))
             for i, old in zip(kept, node.outputs, strict=True):
