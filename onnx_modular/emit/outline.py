@@ -379,7 +379,9 @@ def merge_equal_functions(model: ir.Model, report: OutlineReport | None = None) 
     equal bodies share the first function. A body's key names the functions it calls, so a
     parent is compared again after its children merged. A kept function's recorded types
     no longer hold for every call and are dropped; names are made dense again (``Linear``,
-    ``Linear_1``). Returns how many functions were merged away.
+    ``Linear_1``). When nothing else merges, bodies that differ only in float scalars become
+    one function with attributes (:mod:`.parametrize`). Returns how many functions were
+    merged away.
     """
     original = {identifier[1]: function for identifier, function in model.functions.items()}
     target: dict[int, ir.Function] = {}  # id(function) -> the function kept for it
