@@ -497,6 +497,53 @@ class InPlace(nn.Module):
         return self.after(y)
 
 
+class Rotary(nn.Module):
+    """Reads a non-persistent buffer created as ``nn.Buffer`` (GPT-J's rotary table)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Buffer(torch.linspace(0.0, 1.0, 8), persistent=False)
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) * self.table.cos()
+
+
+class Rotaries(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Rotary() for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+class CondBlock(nn.Module):
+    """``torch.cond`` inside a submodule: If branches that read the block's values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc(x)
+        return torch.cond(y.sum() > 0, lambda t: t.relu() * 2.0, lambda t: t.tanh() - 1.0,
+                          (y,))
+
+
+class CondNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(CondBlock() for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
 def _hand(cls: Callable[[], nn.Module], args: Callable[[], tuple]) -> Builder:
     def build() -> tuple[nn.Module, tuple]:
         torch.manual_seed(0)
@@ -564,6 +611,8 @@ ARCHITECTURES: dict[str, Architecture] = {
     "conv_bn": _arch(_hand(ConvBN, lambda: (torch.randn(2, 3, 6, 6, generator=seeded(0)),)),
                      "hand vision"),
     "net": _arch(net, "hand", "Layer"),
+    "rotaries": _arch(_hand(Rotaries, x8), "hand", "Rotary"),
+    "cond": _arch(_hand(CondNet, x8), "hand", "CondBlock"),
 }
 
 

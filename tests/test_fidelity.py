@@ -12,6 +12,7 @@ import onnx
 import onnx.inliner
 import pytest
 import torch
+from models import CondNet, Rotaries
 from torch import nn
 
 import onnx_modular as om
@@ -19,53 +20,6 @@ from onnx_modular.emit import outline
 from onnx_modular.emit.outline import operator_names
 
 # ---- models torch.onnx exports ---------------------------------------------------------------
-
-
-class Rotary(nn.Module):
-    """Reads a non-persistent buffer created as ``nn.Buffer`` (GPT-J's rotary table)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.table = nn.Buffer(torch.linspace(0.0, 1.0, 8), persistent=False)
-        self.fc = nn.Linear(8, 8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(x) * self.table.cos()
-
-
-class Rotaries(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(Rotary() for _ in range(3))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            x = block(x)
-        return x
-
-
-class CondBlock(nn.Module):
-    """``torch.cond`` inside a submodule: If branches that read the block's values."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(8, 8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.fc(x)
-        return torch.cond(y.sum() > 0, lambda t: t.relu() * 2.0, lambda t: t.tanh() - 1.0,
-                          (y,))
-
-
-class CondNet(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(CondBlock() for _ in range(3))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            x = block(x)
-        return x
 
 
 def _exports_validates_flattens(model: nn.Module, args: tuple) -> onnx.ModelProto:
