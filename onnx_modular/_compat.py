@@ -459,6 +459,19 @@ def ort_kernel_defs() -> tuple[Any, ...]:
 
 
 @functools.cache
+def ort_contrib_operator_names() -> frozenset[str]:
+    """Names of the ``com.microsoft`` operators the installed onnxruntime defines (none when
+    this build lists no schemas)."""
+    try:
+        from onnxruntime.capi import _pybind_state
+
+        schemas = _pybind_state.get_all_operator_schema()
+    except (ImportError, AttributeError, RuntimeError):
+        return frozenset()
+    return frozenset(s.name for s in schemas if s.domain == "com.microsoft")
+
+
+@functools.cache
 def _ir_save_parameters() -> frozenset[str]:
     import inspect
 

@@ -230,6 +230,88 @@ def whisper_encoder(layers: int = 2, full_output: bool = False) -> tuple[nn.Modu
     return HF(encoder, "input_features", full_output=full_output).eval(), features
 
 
+def gptj(layers: int = 2, full_output: bool = False) -> tuple[nn.Module, tuple]:
+    """Rotary tables as a non-persistent ``nn.Buffer`` in every attention."""
+    return _transformers("GPTJConfig", "GPTJModel", dict(
+        n_layer=layers, n_embd=32, n_head=4, rotary_dim=4, vocab_size=99, n_positions=64,
+        bos_token_id=0, eos_token_id=0, use_cache=False),
+        full_output=full_output, call_kwargs=NO_CACHE)
+
+
+def swin(layers: int = 2, full_output: bool = False) -> tuple[nn.Module, tuple]:
+    """Windowed attention; each block reads its own non-persistent relative position index
+    (an ``nn.Buffer``). ``layers``: blocks per stage (two stages)."""
+    return _transformers("SwinConfig", "SwinModel", dict(
+        image_size=32, patch_size=4, embed_dim=16, depths=[layers, layers], num_heads=[2, 2],
+        window_size=4), key="pixel_values", args=pixels(), full_output=full_output)
+
+
+def mamba2(layers: int = 2, full_output: bool = False) -> tuple[nn.Module, tuple]:
+    """Each mixer computes ``-exp(A_log)``: small per-layer values derived from weights."""
+    return _transformers("Mamba2Config", "Mamba2Model", dict(
+        num_hidden_layers=layers, hidden_size=32, state_size=8, num_heads=8, head_dim=8,
+        n_groups=1, expand=2, vocab_size=99, chunk_size=8),
+        full_output=full_output, call_kwargs=NO_CACHE)
+
+
+def falcon_h1(layers: int = 2, full_output: bool = False) -> tuple[nn.Module, tuple]:
+    """Attention and a Mamba2 mixer side by side in every layer."""
+    return _transformers("FalconH1Config", "FalconH1Model", dict(
+        num_hidden_layers=layers, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, vocab_size=99, mamba_d_ssm=32, mamba_n_heads=4,
+        mamba_d_head=8, mamba_d_state=8, mamba_n_groups=1, mamba_chunk_size=8,
+        max_position_embeddings=64, use_cache=False),
+        full_output=full_output, call_kwargs=NO_CACHE)
+
+
+def zamba2(layers: int = 4, full_output: bool = False) -> tuple[nn.Module, tuple]:
+    """Mamba layers with one hybrid (shared transformer block) layer third; at least 3."""
+    kinds = ["mamba"] * layers
+    kinds[2] = "hybrid"
+    return _transformers("Zamba2Config", "Zamba2Model", dict(
+        num_hidden_layers=layers, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+        num_key_value_heads=4, attention_head_dim=8, vocab_size=99, mamba_d_state=8,
+        mamba_headdim=8, n_mamba_heads=8, mamba_ngroups=1, chunk_size=8, num_mem_blocks=1,
+        layers_block_type=kinds, max_position_embeddings=64, use_cache=False,
+        use_mem_rope=False), full_output=full_output, call_kwargs=NO_CACHE)
+
+
+def gemma3(layers: int = 2, full_output: bool = False) -> tuple[nn.Module, tuple]:
+    """RMSNorm computes ``1 + weight``; q/k norms of 8 elements, the others of 32."""
+    return _transformers("Gemma3TextConfig", "Gemma3TextModel", dict(
+        num_hidden_layers=layers, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, vocab_size=99, max_position_embeddings=64,
+        sliding_window=4, use_cache=False), full_output=full_output, call_kwargs=NO_CACHE)
+
+
+def detr(layers: int = 2, full_output: bool = False) -> tuple[nn.Module, tuple]:
+    """A ResNet backbone (no timm, nothing downloaded); the first decoder layer reads a zero
+    target plus the query embeddings, a constant. ``layers``: decoder layers."""
+    import transformers
+
+    torch.manual_seed(0)
+    backbone = transformers.ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1],
+                                         out_features=["stage2"])
+    cfg = transformers.DetrConfig(
+        use_timm_backbone=False, use_pretrained_backbone=False, backbone_config=backbone,
+        d_model=32, encoder_layers=2, decoder_layers=layers, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, num_queries=5,
+        attn_implementation="eager")
+    model = transformers.DetrModel(cfg).eval()
+    return HF(model, "pixel_values", full_output=full_output).eval(), pixels()
+
+
+def trained(model: nn.Module, scale: float = 0.05, seed: int = 1) -> nn.Module:
+    """``model`` with seeded noise added to every parameter: layers built from one config
+    start with equal weights, trained ones do not (what folding per-layer values shows)."""
+    generator = seeded(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(scale * torch.randn(parameter.shape, generator=generator,
+                                               dtype=parameter.dtype))
+    return model
+
+
 # ---- hand-written corner cases -------------------------------------------------------------
 
 class Block(nn.Module):
@@ -415,6 +497,53 @@ class InPlace(nn.Module):
         return self.after(y)
 
 
+class Rotary(nn.Module):
+    """Reads a non-persistent buffer created as ``nn.Buffer`` (GPT-J's rotary table)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Buffer(torch.linspace(0.0, 1.0, 8), persistent=False)
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) * self.table.cos()
+
+
+class Rotaries(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Rotary() for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+class CondBlock(nn.Module):
+    """``torch.cond`` inside a submodule: If branches that read the block's values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc(x)
+        return torch.cond(y.sum() > 0, lambda t: t.relu() * 2.0, lambda t: t.tanh() - 1.0,
+                          (y,))
+
+
+class CondNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(CondBlock() for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
 def _hand(cls: Callable[[], nn.Module], args: Callable[[], tuple]) -> Builder:
     def build() -> tuple[nn.Module, tuple]:
         torch.manual_seed(0)
@@ -468,6 +597,13 @@ ARCHITECTURES: dict[str, Architecture] = {
     "clip_vision": _arch(clip_vision, "transformers encoder vision", "CLIPEncoderLayer"),
     "whisper_encoder": _arch(whisper_encoder, "transformers encoder audio",
                              "WhisperEncoderLayer"),
+    "gptj": _arch(gptj, "transformers decoder", "GPTJBlock"),
+    "swin": _arch(swin, "transformers encoder vision"),
+    "mamba2": _arch(mamba2, "transformers decoder ssm", "Mamba2Block"),
+    "falcon_h1": _arch(falcon_h1, "transformers decoder ssm", "FalconH1DecoderLayer"),
+    "zamba2": _arch(zamba2, "transformers decoder ssm"),
+    "gemma3": _arch(gemma3, "transformers decoder", "Gemma3DecoderLayer"),
+    "detr": _arch(detr, "transformers vision", "DetrDecoderLayer"),
     "convnet": _arch(convnet, "hand vision"),
     "stack": _arch(_hand(Stack, x8), "hand", "Block"),
     "shared_twice": _arch(_hand(SharedTwice, x8), "hand"),
@@ -475,6 +611,8 @@ ARCHITECTURES: dict[str, Architecture] = {
     "conv_bn": _arch(_hand(ConvBN, lambda: (torch.randn(2, 3, 6, 6, generator=seeded(0)),)),
                      "hand vision"),
     "net": _arch(net, "hand", "Layer"),
+    "rotaries": _arch(_hand(Rotaries, x8), "hand", "Rotary"),
+    "cond": _arch(_hand(CondNet, x8), "hand", "CondBlock"),
 }
 
 

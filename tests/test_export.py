@@ -71,7 +71,7 @@ def test_equal_bodies_of_other_shapes_share_one_function(tiny) -> None:
     assert len(linear.calls) == 16
     assert {c.rsplit(".", 1)[1] for c in linear.calls} == {"qkv", "proj", "fc", "out"}
     assert summary["Linear_1"].calls == ("head",)
-    assert sorted(summary) == ["Attention", "Block", "Embedding", "GELU", "LayerNorm",
+    assert sorted(summary) == ["Attention_module", "Block", "Embedding", "GELU", "LayerNorm",
                                "Linear", "Linear_1", "MLP"]
     body = next(f for f in result.model_proto.functions if f.name == "Linear")
     assert not body.value_info  # one body for four shapes: no shape of one call is recorded

@@ -55,4 +55,5 @@ def test_registry_entries_build_with_no_argument() -> None:
         model, args = models.ARCHITECTURES[name]()
         assert isinstance(model, torch.nn.Module) and isinstance(args, tuple), name
     assert models.names("core") == ["gpt2", "bert", "llama", "qwen2"]
-    assert set(models.names("vision")) == {"vit", "clip_vision", "convnet", "conv_bn"}
+    assert set(models.names("vision")) == {"vit", "clip_vision", "swin", "detr", "convnet",
+                                            "conv_bn"}

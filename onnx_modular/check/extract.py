@@ -197,9 +197,15 @@ def _from_function(proto: onnx.ModelProto, call: OnnxCall, weights: set[str],
     if body is None:
         raise fail(f"the function of call '{call.call_id}' is not in the model",
                    rules.VALIDATION)
-    if list(body.attribute) or list(body.attribute_proto):
-        raise fail(f"function {body.name} of call '{call.call_id}' takes attributes; "
-                   "extracting it is not supported", rules.VALIDATION)
+    site = producers.get(call.results[0]) if call.results else None  # a leaf call stays
+    if site is None or site.op_type != body.name:  # expanded: the main graph's call node
+        site = next((n for n in proto.graph.node if list(n.output) == list(call.results)),
+                    site)
+    bound = _attribute_values(body, site)
+    if bound is None:
+        raise fail(f"function {body.name} of call '{call.call_id}' takes attributes its call "
+                   "sets from an enclosing function's; extracting it is not supported",
+                   rules.VALIDATION)
     built = _Built([], [], [], [], [], [], list(body.value_info))
     absent = set()
     for i, formal in enumerate(body.input):
@@ -213,9 +219,40 @@ def _from_function(proto: onnx.ModelProto, call: OnnxCall, weights: set[str],
         else:
             built.inputs.append((formal, actual))
     built.nodes = _rename(list(body.node), dict.fromkeys(absent, ""))
+    _bind(built.nodes, bound)
     built.outputs = list(zip(body.output, call.results, strict=False))
     built.functions = _reachable(built.nodes, functions)
     return built
+
+
+def _attribute_values(body: onnx.FunctionProto, call: onnx.NodeProto | None
+                      ) -> dict[str, onnx.AttributeProto] | None:
+    """What a parametrized body's attributes are at this call (its defaults, then the call
+    node's values); None when the call node is not found or passes references on."""
+    names = [*body.attribute, *(a.name for a in body.attribute_proto)]
+    if not names:
+        return {}
+    if call is None or (call.domain, call.op_type) != (body.domain, body.name) \
+            or any(a.ref_attr_name for a in call.attribute):
+        return None
+    values = {a.name: a for a in body.attribute_proto}
+    values.update({a.name: a for a in call.attribute})
+    return values if set(names) <= values.keys() else None
+
+
+def _bind(nodes: list[onnx.NodeProto], values: dict[str, onnx.AttributeProto]) -> None:
+    """Replace attribute references (``ref_attr_name``) by the values, subgraphs included."""
+    for node in nodes:
+        for attr in node.attribute:
+            if attr.ref_attr_name:
+                name = attr.name
+                attr.CopyFrom(values[attr.ref_attr_name])
+                attr.name = name
+            elif attr.type == onnx.AttributeProto.GRAPH:
+                _bind(list(attr.g.node), values)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for graph in attr.graphs:
+                    _bind(list(graph.node), values)
 
 
 def _is_constant(node: onnx.NodeProto) -> bool:

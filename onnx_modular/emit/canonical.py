@@ -49,11 +49,12 @@ class _Keyer:
     """The options of one :func:`structural_key` call, applied to a graph and its subgraphs."""
 
     def __init__(self, signature: Signature, order_free: bool, fold: bool,
-                 constant_limit: int | None) -> None:
+                 constant_limit: int | None, scalars: bool = False) -> None:
         self.signature = signature
         self.order_free = order_free
         self.fold = fold
         self.constant_limit = constant_limit
+        self.scalars = scalars
 
     # -- constants ---------------------------------------------------------------------------
 
@@ -100,6 +101,8 @@ class _Keyer:
     def _attr_key(self, attr: ir.Attr, outer: Mapping[ir.Value, Any]) -> Any:
         if attr.is_ref():
             return ("ref", attr.ref_attr_name)
+        if self.scalars and is_scalar_attr(attr):
+            return ("scalar", attr.type)
         value = attr.value
         if attr.type in (ir.AttributeType.TENSOR, ir.AttributeType.SPARSE_TENSOR):
             return ("tensor", _tensor_key(value))
@@ -115,12 +118,12 @@ class _Keyer:
 
     def _subgraph(self, graph: ir.Graph, outer: Mapping[ir.Value, Any]) -> str:
         # A subgraph's inputs are part of the attribute, never the call's shapes: they count
-        # even where the enclosing graph's signature is left out. Order-free keys resolve
-        # the subgraph's references to enclosing values by key (no names); positional ones
-        # by name, as they always have.
+        # even where the enclosing graph's signature is left out. A subgraph's references to
+        # enclosing values resolve by their keys there, not by names (an If branch of one
+        # block reads `linear`, the same branch of the next block `linear_1`).
         sub = _Keyer(self.signature or "shape", self.order_free, self.fold,
-                     self.constant_limit)
-        return sub.key(graph, outer if self.order_free else {})
+                     self.constant_limit, self.scalars)
+        return sub.key(graph, outer, nested=True)
 
     # -- graphs ------------------------------------------------------------------------------
 
@@ -132,11 +135,11 @@ class _Keyer:
                          for v in graph.inputs)
         return ()
 
-    def key(self, graph: ir.Graph, outer: Mapping[ir.Value, Any]) -> str:
+    def key(self, graph: ir.Graph, outer: Mapping[ir.Value, Any], nested: bool = False) -> str:
         tokens: dict[ir.Value, Any] = {}
         for i, value in enumerate(graph.inputs):
             tokens[value] = ("in", i)
-        if self.fold:
+        if self.fold or nested:  # a subgraph's initializers are its constants (If branches)
             for value in graph.initializers.values():
                 tokens.setdefault(value, self._initializer_key(value))
 
@@ -147,7 +150,9 @@ class _Keyer:
                 return None
             if v in tokens:
                 return tokens[v]
-            return outer.get(v, ("outer",)) if self.order_free else ("outer", v.name)
+            if self.order_free:
+                return outer.get(v, ("outer",))
+            return ("outer", outer[v]) if v in outer else ("outer", v.name)
 
         parts: list[Any] = []
         for node in graph:
@@ -155,6 +160,9 @@ class _Keyer:
                 tokens[node.outputs[0]] = token(node.inputs[0])
                 continue
             if _is_constant(node):  # where a constant sits does not matter, only its value
+                if self.scalars and is_scalar_constant(node):
+                    tokens[node.outputs[0]] = ("scalar", str(node.outputs[0].dtype))
+                    continue
                 folded = self._folded_constant(node) if self.fold else None
                 tokens[node.outputs[0]] = folded if folded is not None else (
                     "const", tuple(sorted((k, self._attr_key(a, scope))
@@ -187,9 +195,29 @@ class _Keyer:
         return _digest((parts, outputs, self._signature(graph)))
 
 
+def is_scalar_attr(attr: ir.Attr) -> bool:
+    """A float attribute (an activation's alpha, a norm's epsilon) or a one-element float
+    tensor attribute: a value a function may take as its own attribute."""
+    if attr.is_ref():
+        return False
+    if attr.type == ir.AttributeType.FLOAT:
+        return True
+    if attr.type != ir.AttributeType.TENSOR:
+        return False
+    tensor = attr.value
+    return tensor.size == 1 and tensor.dtype.is_floating_point()
+
+
+def is_scalar_constant(node: ir.Node) -> bool:
+    """A Constant node holding one floating-point value (a clamp bound, a scale)."""
+    attr = node.attributes.get("value")
+    return (_is_constant(node) and len(node.attributes) == 1 and attr is not None
+            and attr.type == ir.AttributeType.TENSOR and is_scalar_attr(attr))
+
+
 def structural_key(graph: ir.Graph, *, signature: Signature = "shape",
                    order_free: bool = False, fold: bool = False,
-                   constant_limit: int | None = None) -> str:
+                   constant_limit: int | None = None, scalars: bool = False) -> str:
     """Canonical digest of a graph (or function body); value and node names never count.
 
     ``signature``: how the graph's inputs enter ("shape": type and shape; "rank": element
@@ -199,9 +227,10 @@ def structural_key(graph: ir.Graph, *, signature: Signature = "shape",
     deterministically). ``fold``: an Identity passes its input's key on, and initializers and
     Constant nodes are keyed by value alike, so a model and its constant-folded twin key
     alike. ``constant_limit``: folded constants with more elements (weights) count by dtype
-    and shape only.
+    and shape only. ``scalars``: float attributes and one-element float constants count by
+    type only (bodies that differ in such values alone key alike).
     """
-    return _Keyer(signature, order_free, fold, constant_limit).key(graph, {})
+    return _Keyer(signature, order_free, fold, constant_limit, scalars).key(graph, {})
 
 
 def graph_key(graph: ir.Graph, signature: bool = True) -> str:

@@ -8,6 +8,7 @@ longer be folded. After: the full optimizer, on each unique function body once, 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 
 import numpy as np
 import onnx_ir as ir
@@ -21,6 +22,8 @@ from onnx_modular._compat import (
     quiet_loggers,
 )
 from onnx_modular._weights import StridedTensor
+from onnx_modular.emit.hold import hold_varying_inputs, release
+from onnx_modular.metadata import CallInfo
 
 
 def _quiet_folding() -> contextlib.AbstractContextManager[None]:
@@ -47,19 +50,51 @@ def _is_small_or_splat(tensor: ir.TensorProtocol) -> bool:
     return bool((array == array[0]).all())
 
 
-def fold_weights(model: ir.Model, weights: set[str] | frozenset[str] = frozenset()) -> None:
+def fold_weights(model: ir.Model, weights: set[str] | frozenset[str] = frozenset(),
+                 per_node: Sequence[tuple[CallInfo, ...]] | None = None) -> None:
     """Constant-fold the flat graph (no shape inference: it is only about constant inputs).
 
     The folder writes every result as an initializer, small ones too: the target shape of
     each Reshape, axes, scalars. Outlined, those would enter every layer function as inputs,
     and a body would no longer say its own shapes; so results of up to ``SMALL_CONSTANT``
-    elements, or made of one repeated value, that are not model ``weights`` (by initializer
-    name) become Constant nodes again, which the outliner copies into each call using them.
+    elements, or made of one repeated value, that are neither model ``weights`` (by
+    initializer name) nor computed from one become Constant nodes again, which the outliner
+    copies into each call using them. A value computed from a weight (``-exp(A_log)`` of a
+    Mamba mixer, ``1 + weight`` of an RMSNorm) is a weight too, however small: baked into a
+    body, it would make every layer a function of its own. ``per_node``: each node's module
+    calls (in graph order), to hold a call's inputs that are constant only in some calls of
+    its class (:mod:`.hold`).
     """
-    with _quiet_folding():
-        _fold_weights(model)
-    _small_initializers_to_constants(model.graph, weights)
+    derived = _weight_derived(model.graph, weights)
+    holds = [] if per_node is None else hold_varying_inputs(model.graph, list(model.graph),
+                                                            per_node)
+    try:
+        with _quiet_folding():
+            _fold_weights(model)
+    finally:
+        held = release(model.graph, holds)
+    _small_initializers_to_constants(model.graph, weights | derived | held)
     _contiguous_when_written(model.graph)
+
+
+#: Ops whose result says only their input's shape: a weight they read derives nothing.
+_SHAPE_ONLY = frozenset({"Shape", "Size"})
+
+
+def _weight_derived(graph: ir.Graph, weights: set[str] | frozenset[str]) -> set[str]:
+    """Names of the floating-point values computed from a model weight's values (the folder
+    names a folded initializer after the value it replaces). Integer results (position ids
+    sliced from a buffer) are index tables, not weights: they stay in the bodies."""
+    derived = {v for name, v in graph.initializers.items() if name in weights}
+    names: set[str] = set()
+    for node in graph:
+        if node.op_type in _SHAPE_ONLY and node.domain in ("", "ai.onnx"):
+            continue
+        if any(v in derived for v in node.inputs if v is not None):
+            derived.update(node.outputs)
+            names.update(v.name for v in node.outputs if v.name and v.dtype is not None
+                         and v.dtype.is_floating_point())
+    return names
 
 
 def _small_initializers_to_constants(graph: ir.Graph, weights: set[str] | frozenset[str]

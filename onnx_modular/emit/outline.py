@@ -11,16 +11,20 @@ place. Bodies with equal structural keys share one ``FunctionProto``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import onnx
 import onnx_ir as ir
 
+from onnx_modular._compat import ort_contrib_operator_names
 from onnx_modular._util import class_identifier, common_prefix
 from onnx_modular.emit.canonical import graph_key
 from onnx_modular.emit.labels import call_scope, relativize
+from onnx_modular.emit.parametrize import merge_scalar_variants
 from onnx_modular.metadata import (
     META_CALL,
     META_FX_OUTPUTS,
@@ -88,7 +92,7 @@ def selector(functions: Any) -> Select | None:
     return Selection(functions)
 
 
-def _chains_per_node(nodes: list[ir.Node], chains: Mapping[str, tuple[CallInfo, ...]],
+def chains_per_node(nodes: list[ir.Node], chains: Mapping[str, tuple[CallInfo, ...]],
                      select: Select | None) -> list[tuple[CallInfo, ...]]:
     """Each node's selected chain; a node of unknown origin takes its surroundings'."""
     result: list[tuple[CallInfo, ...] | None] = []
@@ -213,11 +217,16 @@ class _Outliner:
 
     def _outline(self, info: CallInfo | None, members: list[ir.Node]) -> ir.Node | None:
         assert info is not None
-        inside = set(members)
+        # the nodes of members' subgraphs (If branches, Loop bodies) move with them: what they
+        # read from outside the call becomes a function input too
+        subgraphs, nested = _nested(members)
+        readers = [n for node in members for n in (node, *nested.get(node, ()))]
+        inside = set(readers)
         inputs: dict[ir.Value, ir.Value] = {}  # outer value -> function input
-        for node in members:
+        for node in readers:
             for value in node.inputs:
-                if value is not None and value.producer() not in inside and value not in inputs:
+                if value is not None and value.producer() not in inside \
+                        and value.graph not in subgraphs and value not in inputs:
                     inputs[value] = ir.Value(name=value.name, type=value.type,
                                              shape=value.shape)
         outputs = [v for node in members for v in node.outputs
@@ -243,7 +252,7 @@ class _Outliner:
                     self.graph.outputs[i] = new
                     self.graph_outputs.discard(old)
                     self.graph_outputs.add(new)
-        for node in members:
+        for node in readers:
             for i, value in enumerate(node.inputs):
                 if value is not None and value in inputs:
                     node.replace_input_with(i, inputs[value])
@@ -266,7 +275,7 @@ class _Outliner:
             return self.by_key[key]
         module, _, short = info.module_type.rpartition(".")
         domain = module or DEFAULT_DOMAIN
-        base = class_identifier(short)
+        base = function_base(short)
         count = self.names.get((domain, base), 0)
         self.names[(domain, base)] = count + 1
         name = base if count == 0 else f"{base}_{count}"
@@ -286,6 +295,42 @@ class _Outliner:
             if node.domain not in opsets:
                 opsets[node.domain] = self.model.opset_imports.get(node.domain, 1)
         return opsets
+
+
+def _nested(nodes: list[ir.Node]) -> tuple[set[ir.Graph], dict[ir.Node, list[ir.Node]]]:
+    """The subgraphs of ``nodes`` (at any depth) and, per node, the nodes inside them."""
+    graphs: set[ir.Graph] = set()
+    inner: dict[ir.Node, list[ir.Node]] = {}
+    for node in nodes:
+        todo = [node]
+        while todo:
+            current = todo.pop()
+            for attr in current.attributes.values():
+                if attr.is_ref() or attr.type not in (ir.AttributeType.GRAPH,
+                                                      ir.AttributeType.GRAPHS):
+                    continue
+                for graph in ([attr.value] if attr.type == ir.AttributeType.GRAPH
+                              else list(attr.value)):
+                    graphs.add(graph)
+                    inner.setdefault(node, []).extend(graph)
+                    todo.extend(graph)
+    return graphs, inner
+
+
+@functools.cache
+def operator_names() -> frozenset[str]:
+    """Operators of the default ONNX domain (every version) and of ``com.microsoft``."""
+    standard = {s.name for s in onnx.defs.get_all_schemas_with_history()
+                if s.domain in ("", "ai.onnx")}
+    return frozenset(standard) | ort_contrib_operator_names()
+
+
+def function_base(type_name: str) -> str:
+    """A function's name before numbering: its class name, suffixed where it is an operator
+    name (``Softmax`` -> ``Softmax_module``). IREE and TVM ignore a call's domain and would
+    run a function named ``Softmax`` as the standard op, silently giving other numbers."""
+    base = class_identifier(type_name)
+    return f"{base}_module" if base in operator_names() else base
 
 
 def _in_order(graph: ir.Graph) -> bool:
@@ -315,7 +360,7 @@ def outline(model: ir.Model, chains: Mapping[str, tuple[CallInfo, ...]], *,
             select: Select | None = None, dedupe: bool = True) -> OutlineReport:
     """Outline ``model`` in place; ``select`` keeps some calls as functions (default: all)."""
     nodes = list(model.graph)
-    per_node = _chains_per_node(nodes, chains, select)
+    per_node = chains_per_node(nodes, chains, select)
     _localize_constants(model.graph, nodes, per_node)
     root = _build_scopes(nodes, per_node)
     outliner = _Outliner(model, dedupe)
@@ -334,7 +379,9 @@ def merge_equal_functions(model: ir.Model, report: OutlineReport | None = None) 
     equal bodies share the first function. A body's key names the functions it calls, so a
     parent is compared again after its children merged. A kept function's recorded types
     no longer hold for every call and are dropped; names are made dense again (``Linear``,
-    ``Linear_1``). Returns how many functions were merged away.
+    ``Linear_1``). When nothing else merges, bodies that differ only in float scalars become
+    one function with attributes (:mod:`.parametrize`). Returns how many functions were
+    merged away.
     """
     original = {identifier[1]: function for identifier, function in model.functions.items()}
     target: dict[int, ir.Function] = {}  # id(function) -> the function kept for it
@@ -357,13 +404,15 @@ def merge_equal_functions(model: ir.Model, report: OutlineReport | None = None) 
         else:
             kept_for = _merge_unused_outputs(model, target)
             if not kept_for:
+                kept_for = _merge_parametrized(model, target)
+            if not kept_for:
                 break
         merged += len(kept_for)
     if not merged:
         return 0
     counts: dict[tuple[str, str], int] = {}
     for function in model.functions.values():  # creation order, as outlining named them
-        base = class_identifier(function.doc_string or function.name)
+        base = function_base(function.doc_string or function.name)
         n = counts.get((function.domain, base), 0)
         counts[(function.domain, base)] = n + 1
         function.name = base if n == 0 else f"{base}_{n}"
@@ -383,6 +432,18 @@ def merge_equal_functions(model: ir.Model, report: OutlineReport | None = None) 
                                    for call, name in report.function_of_call.items()}
         report.functions = len(model.functions)
     return merged
+
+
+def _merge_parametrized(model: ir.Model, target: dict[int, ir.Function]
+                        ) -> dict[ir.OperatorIdentifier, ir.Function]:
+    """Bodies of one class that differ only in float scalars: one function with attributes
+    (:mod:`.parametrize`)."""
+    kept_for: dict[ir.OperatorIdentifier, ir.Function] = {}
+    for gone, kept in merge_scalar_variants(model):
+        target[id(gone)] = kept
+        kept_for[gone.identifier()] = kept
+        _drop_value_types(kept)
+    return kept_for
 
 
 def _merge_unused_outputs(model: ir.Model, target: dict[int, ir.Function]
@@ -446,6 +507,7 @@ def _widen_calls(model: ir.Model, small: ir.Function, full: ir.Function,
             if node.op_identifier() != small.identifier():
                 continue
             wider = ir.Node(full.domain, full.name, list(node.inputs),
+                            attributes=list(node.attributes.values()),  # a call's parameters
                             num_outputs=len(full.outputs), name=node.name,
                             metadata_props=dict(node.metadata_props))
             for i, old in zip(kept, node.outputs, strict=True):

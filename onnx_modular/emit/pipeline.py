@@ -38,6 +38,7 @@ from onnx_modular.emit.outline import (
     OutlineReport,
     Select,
     Selection,
+    chains_per_node,
     merge_equal_functions,
     outline,
     selector,
@@ -87,12 +88,13 @@ class EmitReport:
 # ---- the passes ------------------------------------------------------------------------------
 
 class FoldWeights(ir.passes.InPlacePass):
-    def __init__(self, weights: frozenset[str]) -> None:
+    def __init__(self, weights: frozenset[str], chains: Chains, select: Select | None) -> None:
         super().__init__()
-        self.weights = weights
+        self.weights, self.chains, self.select = weights, chains, select
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        fold_weights(model, self.weights)
+        nodes = list(model.graph)
+        fold_weights(model, self.weights, chains_per_node(nodes, self.chains, self.select))
         return ir.passes.PassResult(model, modified=True)
 
 
@@ -176,7 +178,7 @@ def emit_model(model: ir.Model, chains: Chains, weights: frozenset[str] | set[st
     report = EmitReport()
     steps: list[ir.passes.PassBase] = []
     if options.optimize:
-        steps.append(FoldWeights(frozenset(weights)))
+        steps.append(FoldWeights(frozenset(weights), chains, select))
     if options.optimize or not options.flat:
         steps.append(Outline(chains, select, options.dedupe, report))
     if options.optimize:

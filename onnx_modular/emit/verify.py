@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterator
 
 import onnx
+import onnx.inliner
 import onnx_ir as ir
 
 from onnx_modular.diagnostics import Location
@@ -49,9 +50,22 @@ def verify(model: ir.Model) -> None:
         text = " ".join(str(e).split())
         location, where = _locate(model, text)
         why = text.rsplit("):", 1)[-1].strip() or text
-        raise fail(f"the exported model is invalid{where}: {why} (do the example inputs "
-                   "fit the model? eager torch would fail on them too)", rules.TRANSLATION,
+        hint = ("an onnx_modular defect: the same model with its functions inlined is "
+                "valid; please report it" if _valid_when_inlined(proto) else
+                "do the example inputs fit the model? eager torch would fail on them too")
+        raise fail(f"the exported model is invalid{where}: {why} ({hint})", rules.TRANSLATION,
                    location) from e
+
+
+def _valid_when_inlined(proto: onnx.ModelProto) -> bool:
+    """Does the model pass inference with every function inlined? Then outlining, not the
+    example inputs, broke it (a failure path only: inlining copies every body)."""
+    try:
+        flat = onnx.inliner.inline_local_functions(proto)
+        onnx.shape_inference.infer_shapes(flat, check_type=True, strict_mode=True)
+    except Exception:  # any failure means "not shown valid"
+        return False
+    return True
 
 
 def _locate(model: ir.Model, text: str) -> tuple[Location, str]:

@@ -324,8 +324,11 @@ def _strip_weights(graph: torch.fx.Graph, plan: Repeats) -> list[InputSpec]:
     time per graph input (torch's signature lookups are quadratic in them), and these are
     put back by ``expand``."""
     repeated_call, _ = _ops()
+    # a non-persistent buffer lives among the program's constants and is still registered on
+    # the module decomposition retraces, which lifts it again: taking it out would define it
+    # twice (GPT-J's rotary table, Swin's relative position index)
     kinds = {spec.arg.name: spec.kind for spec in plan.input_specs
-             if isinstance(spec.arg, TensorArgument)}
+             if isinstance(spec.arg, TensorArgument) and spec.persistent is not False}
     for node in [n for n in graph.nodes if n.op == "placeholder"]:
         if kinds.get(node.name) not in _WEIGHTS or not node.users \
                 or any(u.target is not repeated_call for u in node.users):
