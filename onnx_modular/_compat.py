@@ -56,6 +56,26 @@ def program_codegen(program: torch.export.ExportedProgram) -> Any:
                         signature.forward_arg_names if signature else None)
 
 
+def program_guards_fn(program: torch.export.ExportedProgram,
+                      module: torch.fx.GraphModule) -> torch.nn.Module | None:
+    """The ``_guards_fn`` ``ExportedProgram.module()`` calls on its inputs (shapes, ranges,
+    the program's guards), made for ``module``, a graph module with the program's calling
+    convention and user-input placeholders; None where ``module()`` would make none."""
+    import inspect
+
+    from torch.export import _unlift
+
+    placeholders = module.graph.find_nodes(op="placeholder")
+    if not (placeholders and program.example_inputs and _unlift._ok_to_generate_guards_fn()):
+        return None
+    signature = inspect.signature(module.forward)
+    paths = _unlift._get_input_paths(program.example_inputs, signature)
+    code = _unlift._get_input_guards_for_graph(placeholders, program.range_constraints, paths)
+    extra = _unlift._force_ep_signature_match(getattr(program, "_guards_code", []), paths)
+    code.extend(_unlift._force_gm_signature_match(extra, signature))
+    return _unlift._convert_guards_code_to_fn(code, paths)
+
+
 def returns_nothing(target: Any) -> bool:
     """An ATen op whose schema declares no result (``_assert_tensor_metadata``)."""
     return isinstance(target, OpOverload) and not target._schema.returns
@@ -89,6 +109,13 @@ tree_leaves = _pytree.tree_leaves
 tree_unflatten = _pytree.tree_unflatten
 treespec_dumps = _pytree.treespec_dumps
 treespec_loads = _pytree.treespec_loads
+
+
+def module_in_spec(model: Any) -> Any:
+    """The input TreeSpec a graph module with torch.export's calling convention flattens
+    its inputs by (``ExportedProgram.module()``, a modularized program); None otherwise."""
+    spec = getattr(model, "_in_spec", None) if isinstance(model, torch.fx.GraphModule) else None
+    return spec if isinstance(spec, _pytree.TreeSpec) else None
 
 
 # ---- torch.onnx ------------------------------------------------------------------------------
