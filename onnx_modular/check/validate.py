@@ -56,6 +56,8 @@ def validate(
     ``providers``: None for every available one of CUDA and CPU; short names ("cpu",
     "cuda") work. ``rtol``/``atol`` override the per-dtype defaults for floating outputs.
     ``localize``: "auto" localizes only when an output diverges; True always; False never.
+    Keyword inputs feed the ONNX inputs in the order of the call, as torch.export flattens
+    them (for an ExportedProgram: the order of the call it was captured with).
     """
     check_tolerances(rtol, atol)
     args = as_args(args)
