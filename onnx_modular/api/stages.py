@@ -112,12 +112,22 @@ def _module_names(model: Any) -> set[str] | None:
 
 
 def _capture(model: Any, args: Sequence[Any] | None, kwargs: dict[str, Any] | None,
-             ctx: DiagnosticContext) -> torch.export.ExportedProgram:
+             ctx: DiagnosticContext, entry: str) -> torch.export.ExportedProgram:
+    """The program, refused up front (as ``om.split`` refuses it) when it has no operator:
+    its one stage would be empty, a parts directory SplitRunner rejects."""
     if isinstance(model, torch.nn.Module) and args is None and not kwargs:
         raise ctx.error(rules.BAD_INPUT, reason=(
             f"example inputs are needed to capture {type(model).__name__}: pass args= "
             "(or an ExportedProgram)"))
-    return capture(model, args if args is not None else (), kwargs, ctx=ctx)
+    program = capture(model, args if args is not None else (), kwargs, ctx=ctx)
+    if not stage_pass.has_operators(program):
+        raise _nothing_to_split(ctx, entry)
+    return program
+
+
+def _nothing_to_split(ctx: DiagnosticContext, entry: str) -> Exception:
+    return ctx.error(rules.PRECONDITION, pass_name=entry,
+                     reason="a graph with at least one operator (nothing to split)")
 
 
 def plan_stages(model: Any, args: Sequence[Any] | None = None, *,
@@ -127,7 +137,7 @@ def plan_stages(model: Any, args: Sequence[Any] | None = None, *,
     """The balanced plan alone (capture only, no translation): which modules go to which
     stage and the weight bytes of each; ``print(plan)`` shows it. See :func:`split_stages`."""
     ctx = ctx or DiagnosticContext()
-    program = _capture(model, args, kwargs, ctx)
+    program = _capture(model, args, kwargs, ctx, "plan_stages")
     return balanced_plan(stage_pass.without_markers(program), num_stages, max_stage_bytes, ctx)
 
 
@@ -151,7 +161,7 @@ def split_stages(model: Any, args: Sequence[Any] | None = None,
     ``result.stage_plan``; a budget no cut can meet names the largest indivisible module.
     """
     ctx = ctx or DiagnosticContext()
-    program = _capture(model, args, kwargs, ctx)
+    program = _capture(model, args, kwargs, ctx, "split_stages")
     if num_stages is not None or max_stage_bytes is not None:
         if split_points:
             raise ctx.error(rules.SPLIT_POINT, reason=(
@@ -185,7 +195,8 @@ def split_by(model_or_program: Any, callback: Callable[[torch.fx.Node], int],
     cycle are an error.
     """
     ctx = ctx or DiagnosticContext()
-    program = stage_pass.without_markers(_capture(model_or_program, args, kwargs, ctx))
+    program = stage_pass.without_markers(_capture(model_or_program, args, kwargs, ctx,
+                                                  "split_by"))
     assignment = stage_pass.from_callback(program, callback, ctx)
     return _build(program, assignment, ctx, opset, hierarchical)
 
@@ -204,6 +215,8 @@ def _build(program: torch.export.ExportedProgram, assignment: stage_pass.StageAs
         members[stage].append(node)
     # a stage may vanish in decomposition (it held only nodes that fold away)
     members = [ns for ns in members if ns]
+    if not members:  # every operator folded away
+        raise _nothing_to_split(ctx, f"split ({assignment.how})")
     described = describe_regions([(True, ns) for ns in members], index)
     stages: list[Region] = [Stage(**{**dataclasses.asdict(r), "name": f"{STAGE_PREFIX}{i}"})
                             for i, r in enumerate(described)]
