@@ -38,6 +38,18 @@ def lazy_graph_module(attributes: dict[str, Any], graph: torch.fx.Graph,
     return _LazyGraphModule(attributes, graph, class_name=class_name)
 
 
+def generate_code(root: torch.nn.Module, *, recursive: bool = True) -> None:
+    """Generate now the code of every lazy graph module under ``root`` (itself included),
+    each once: parents first, since a parent's code generation marks its children's code
+    for regeneration (a GraphModule's ``recompile`` recurses; building one eager module
+    per call instead generates a leaf's code once per ancestor)."""
+    from torch.fx._lazy_graph_module import _LazyGraphModule
+
+    for module in root.modules() if recursive else [root]:  # pre-order
+        if isinstance(module, _LazyGraphModule):
+            module.real_recompile()
+
+
 def codegen_of(graph: torch.fx.Graph) -> Any:
     """The graph's code generator (it carries the pytree calling convention)."""
     return graph._codegen

@@ -33,6 +33,8 @@ import torch.fx
 
 from onnx_modular._compat import (
     codegen_of,
+    generate_code,
+    lazy_graph_module,
     program_codegen,
     program_guards_fn,
     set_codegen,
@@ -547,10 +549,7 @@ class _Modularizer:
         outputs = [n for n in builder.defined if any(u not in inside for u in n.users)]
         mapped = [builder.env[n] for n in outputs]
         builder.graph.output(mapped[0] if len(mapped) == 1 else tuple(mapped))
-        # Code generated now, not on first call: torch.compile cannot trace a lazy module's
-        # first call (it recompiles itself), and a result is compiled as it comes.
-        sub = torch.fx.GraphModule(builder.attributes, builder.graph,
-                                   class_identifier(type_name))
+        sub = lazy_graph_module(builder.attributes, builder.graph, class_identifier(type_name))
         sub.module_path = path
         sub.module_type = type_name
         sub.call_id = call_id
@@ -576,7 +575,7 @@ class _Modularizer:
         parent.defined.extend(builder.defined)
 
     def _finish_root(self, root: _Builder) -> torch.fx.GraphModule:
-        gm = torch.fx.GraphModule(root.attributes, root.graph, self.source.class_name)
+        gm = lazy_graph_module(root.attributes, root.graph, self.source.class_name)
         _install_state(gm, self.source.state)
         _order_as(gm, [name for name, _, _ in self.source.state])
         gm.module_path = ""
@@ -585,6 +584,9 @@ class _Modularizer:
         gm.meta.update(self.source.meta)
         if self.source.program is not None:
             _add_guards(gm, self.source.program)
+        # Code generated now, not on first call: torch.compile cannot trace a lazy module's
+        # first call (it generates its code then), and a result is compiled as it comes.
+        generate_code(gm)
         return gm
 
 
@@ -634,6 +636,7 @@ def _order_as(root: torch.nn.Module, names: list[str]) -> None:
 
 def _add_guards(gm: torch.fx.GraphModule, program: torch.export.ExportedProgram) -> None:
     """Check the inputs as ``program.module()`` does: its ``_guards_fn`` called first."""
+    generate_code(gm, recursive=False)  # the signature the guards bind inputs to
     guards = program_guards_fn(program, gm)
     if guards is None:
         return
