@@ -50,6 +50,38 @@ def generate_code(root: torch.nn.Module, *, recursive: bool = True) -> None:
             module.real_recompile()
 
 
+def is_persistent_buffer(module: torch.nn.Module, name: str) -> bool:
+    """Is buffer ``name`` of ``module`` part of its state dict?"""
+    return name not in module._non_persistent_buffers_set
+
+
+def set_member(module: torch.nn.Module, name: str, value: Any, *, parameter: bool = False,
+               buffer: bool = False, persistent: bool = True) -> None:
+    """``module.<name> = value`` as a parameter, a (non-)persistent buffer or a plain
+    attribute, whatever ``name`` was registered as before (``register_buffer`` refuses a
+    name taken by a parameter; ``setattr`` keeps a tensor a buffer)."""
+    module._parameters.pop(name, None)
+    module._buffers.pop(name, None)
+    module._non_persistent_buffers_set.discard(name)
+    module.__dict__.pop(name, None)
+    if parameter:
+        module.register_parameter(name, value)
+    elif buffer:
+        module.register_buffer(name, value, persistent=persistent)
+    else:
+        setattr(module, name, value)
+
+
+def sort_members(module: torch.nn.Module, key: Callable[[str], int]) -> None:
+    """Reorder ``module``'s children, parameters and buffers by ``key(name)`` (stable): the
+    order ``named_modules`` and ``state_dict`` list them in."""
+    for table in (module._modules, module._parameters, module._buffers):
+        if len(table) > 1:
+            items = sorted(table.items(), key=lambda kv: key(kv[0]))
+            table.clear()
+            table.update(items)
+
+
 def codegen_of(graph: torch.fx.Graph) -> Any:
     """The graph's code generator (it carries the pytree calling convention)."""
     return graph._codegen

@@ -34,10 +34,13 @@ import torch.fx
 from onnx_modular._compat import (
     codegen_of,
     generate_code,
+    is_persistent_buffer,
     lazy_graph_module,
     program_codegen,
     program_guards_fn,
     set_codegen,
+    set_member,
+    sort_members,
 )
 from onnx_modular._util import class_identifier, common_prefix
 from onnx_modular.diagnostics import DiagnosticContext, Location
@@ -342,7 +345,7 @@ class _Source:
             (name, p, _PARAMETER) for name, p in gm.named_parameters(remove_duplicate=False)]
         for name, buffer in gm.named_buffers(remove_duplicate=False):
             owner, _, field = name.rpartition(".")
-            persistent = field not in gm.get_submodule(owner)._non_persistent_buffers_set
+            persistent = is_persistent_buffer(gm.get_submodule(owner), field)
             state.append((name, buffer, _BUFFER if persistent else _NON_PERSISTENT))
         attributes = {name: value for name, value, _ in state}
         for node in gm.graph.nodes:
@@ -598,21 +601,15 @@ def _install_state(root: torch.nn.Module, state: list[tuple[str, Any, str]]) -> 
         *parents, field = fqn.split(".")
         module = root
         for part in parents:
-            child = module._modules.get(part)
-            if child is None:
+            child = getattr(module, part, None)
+            if not isinstance(child, torch.nn.Module):
                 child = torch.nn.Module()
                 module.add_module(part, child)
             module = child
-        module._parameters.pop(field, None)
-        module._buffers.pop(field, None)
-        module._non_persistent_buffers_set.discard(field)
-        module.__dict__.pop(field, None)
-        if kind == _PARAMETER and isinstance(value, torch.nn.Parameter):
-            module.register_parameter(field, value)
-        elif kind in (_PARAMETER, _BUFFER, _NON_PERSISTENT):
-            module.register_buffer(field, value, persistent=kind != _NON_PERSISTENT)
-        else:
-            setattr(module, field, value)
+        parameter = kind == _PARAMETER and isinstance(value, torch.nn.Parameter)
+        set_member(module, field, value, parameter=parameter,
+                   buffer=kind in (_PARAMETER, _BUFFER, _NON_PERSISTENT),
+                   persistent=kind != _NON_PERSISTENT)
 
 
 def _order_as(root: torch.nn.Module, names: list[str]) -> None:
@@ -627,11 +624,7 @@ def _order_as(root: torch.nn.Module, names: list[str]) -> None:
     last = len(rank)
     for path, module in root.named_modules(remove_duplicate=False):
         prefix = path + "." if path else ""
-        for table in (module._modules, module._parameters, module._buffers):
-            if len(table) > 1:
-                items = sorted(table.items(), key=lambda kv: rank.get(prefix + kv[0], last))
-                table.clear()
-                table.update(items)
+        sort_members(module, lambda name, prefix=prefix: rank.get(prefix + name, last))
 
 
 def _add_guards(gm: torch.fx.GraphModule, program: torch.export.ExportedProgram) -> None:
