@@ -39,6 +39,50 @@ def lazy_graph_module(attributes: dict[str, Any], graph: torch.fx.Graph,
     return _LazyGraphModule(attributes, graph, class_name=class_name)
 
 
+def generate_code(root: torch.nn.Module, *, recursive: bool = True) -> None:
+    """Generate now the code of every lazy graph module under ``root`` (itself included),
+    each once: parents first, since a parent's code generation marks its children's code
+    for regeneration (a GraphModule's ``recompile`` recurses; building one eager module
+    per call instead generates a leaf's code once per ancestor)."""
+    from torch.fx._lazy_graph_module import _LazyGraphModule
+
+    for module in root.modules() if recursive else [root]:  # pre-order
+        if isinstance(module, _LazyGraphModule):
+            module.real_recompile()
+
+
+def is_persistent_buffer(module: torch.nn.Module, name: str) -> bool:
+    """Is buffer ``name`` of ``module`` part of its state dict?"""
+    return name not in module._non_persistent_buffers_set
+
+
+def set_member(module: torch.nn.Module, name: str, value: Any, *, parameter: bool = False,
+               buffer: bool = False, persistent: bool = True) -> None:
+    """``module.<name> = value`` as a parameter, a (non-)persistent buffer or a plain
+    attribute, whatever ``name`` was registered as before (``register_buffer`` refuses a
+    name taken by a parameter; ``setattr`` keeps a tensor a buffer)."""
+    module._parameters.pop(name, None)
+    module._buffers.pop(name, None)
+    module._non_persistent_buffers_set.discard(name)
+    module.__dict__.pop(name, None)
+    if parameter:
+        module.register_parameter(name, value)
+    elif buffer:
+        module.register_buffer(name, value, persistent=persistent)
+    else:
+        setattr(module, name, value)
+
+
+def sort_members(module: torch.nn.Module, key: Callable[[str], int]) -> None:
+    """Reorder ``module``'s children, parameters and buffers by ``key(name)`` (stable): the
+    order ``named_modules`` and ``state_dict`` list them in."""
+    for table in (module._modules, module._parameters, module._buffers):
+        if len(table) > 1:
+            items = sorted(table.items(), key=lambda kv: key(kv[0]))
+            table.clear()
+            table.update(items)
+
+
 def codegen_of(graph: torch.fx.Graph) -> Any:
     """The graph's code generator (it carries the pytree calling convention)."""
     return graph._codegen
@@ -55,6 +99,26 @@ def program_codegen(program: torch.export.ExportedProgram) -> Any:
     signature = program.module_call_graph[0].signature
     return _get_codegen(program.call_spec.in_spec, program.call_spec.out_spec,
                         signature.forward_arg_names if signature else None)
+
+
+def program_guards_fn(program: torch.export.ExportedProgram,
+                      module: torch.fx.GraphModule) -> torch.nn.Module | None:
+    """The ``_guards_fn`` ``ExportedProgram.module()`` calls on its inputs (shapes, ranges,
+    the program's guards), made for ``module``, a graph module with the program's calling
+    convention and user-input placeholders; None where ``module()`` would make none."""
+    import inspect
+
+    from torch.export import _unlift
+
+    placeholders = module.graph.find_nodes(op="placeholder")
+    if not (placeholders and program.example_inputs and _unlift._ok_to_generate_guards_fn()):
+        return None
+    signature = inspect.signature(module.forward)
+    paths = _unlift._get_input_paths(program.example_inputs, signature)
+    code = _unlift._get_input_guards_for_graph(placeholders, program.range_constraints, paths)
+    extra = _unlift._force_ep_signature_match(getattr(program, "_guards_code", []), paths)
+    code.extend(_unlift._force_gm_signature_match(extra, signature))
+    return _unlift._convert_guards_code_to_fn(code, paths)
 
 
 def returns_nothing(target: Any) -> bool:
@@ -91,6 +155,13 @@ tree_map = _pytree.tree_map
 tree_unflatten = _pytree.tree_unflatten
 treespec_dumps = _pytree.treespec_dumps
 treespec_loads = _pytree.treespec_loads
+
+
+def module_in_spec(model: Any) -> Any:
+    """The input TreeSpec a graph module with torch.export's calling convention flattens
+    its inputs by (``ExportedProgram.module()``, a modularized program); None otherwise."""
+    spec = getattr(model, "_in_spec", None) if isinstance(model, torch.fx.GraphModule) else None
+    return spec if isinstance(spec, _pytree.TreeSpec) else None
 
 
 # ---- torch.onnx ------------------------------------------------------------------------------

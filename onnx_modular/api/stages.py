@@ -113,14 +113,24 @@ def _module_names(model: Any) -> set[str] | None:
 
 
 def _capture(model: Any, args: Sequence[Any] | None, kwargs: dict[str, Any] | None,
-             ctx: DiagnosticContext, weights: Checkpoint | None = None,
+             ctx: DiagnosticContext, entry: str, weights: Checkpoint | None = None,
              meta_ok: bool = False) -> torch.export.ExportedProgram:
+    """The program, refused up front (as ``om.split`` refuses it) when it has no operator:
+    its one stage would be empty, a parts directory SplitRunner rejects."""
     if isinstance(model, torch.nn.Module) and args is None and not kwargs:
         raise ctx.error(rules.BAD_INPUT, reason=(
             f"example inputs are needed to capture {type(model).__name__}: pass args= "
             "(or an ExportedProgram)"))
-    return capture(model, args if args is not None else (), kwargs, ctx=ctx, weights=weights,
-                   meta_ok=meta_ok)
+    program = capture(model, args if args is not None else (), kwargs, ctx=ctx,
+                      weights=weights, meta_ok=meta_ok)
+    if not stage_pass.has_operators(program):
+        raise _nothing_to_split(ctx, entry)
+    return program
+
+
+def _nothing_to_split(ctx: DiagnosticContext, entry: str) -> Exception:
+    return ctx.error(rules.PRECONDITION, pass_name=entry,
+                     reason="a graph with at least one operator (nothing to split)")
 
 
 def plan_stages(model: Any, args: Sequence[Any] | None = None, *,
@@ -130,7 +140,8 @@ def plan_stages(model: Any, args: Sequence[Any] | None = None, *,
     """The balanced plan alone (capture only, no translation): which modules go to which
     stage and the weight bytes of each; ``print(plan)`` shows it. See :func:`split_stages`."""
     ctx = ctx or DiagnosticContext()
-    program = _capture(model, args, kwargs, ctx, weights, meta_ok=True)  # shapes suffice
+    program = _capture(model, args, kwargs, ctx, "plan_stages", weights,
+                       meta_ok=True)  # shapes suffice
     return balanced_plan(stage_pass.without_markers(program), num_stages, max_stage_bytes, ctx)
 
 
@@ -154,7 +165,7 @@ def split_stages(model: Any, args: Sequence[Any] | None = None,
     ``result.stage_plan``; a budget no cut can meet names the largest indivisible module.
     """
     ctx = ctx or DiagnosticContext()
-    program = _capture(model, args, kwargs, ctx, weights)
+    program = _capture(model, args, kwargs, ctx, "split_stages", weights)
     if num_stages is not None or max_stage_bytes is not None:
         if split_points:
             raise ctx.error(rules.SPLIT_POINT, reason=(
@@ -190,7 +201,7 @@ def split_by(model_or_program: Any, callback: Callable[[torch.fx.Node], int],
     """
     ctx = ctx or DiagnosticContext()
     program = stage_pass.without_markers(_capture(model_or_program, args, kwargs, ctx,
-                                                  weights))
+                                                  "split_by", weights))
     assignment = stage_pass.from_callback(program, callback, ctx)
     return _build(program, assignment, ctx, opset, hierarchical)
 
@@ -209,6 +220,8 @@ def _build(program: torch.export.ExportedProgram, assignment: stage_pass.StageAs
         members[stage].append(node)
     # a stage may vanish in decomposition (it held only nodes that fold away)
     members = [ns for ns in members if ns]
+    if not members:  # every operator folded away
+        raise _nothing_to_split(ctx, f"split ({assignment.how})")
     described = describe_regions([(True, ns) for ns in members], index)
     stages: list[Region] = [Stage(**{**dataclasses.asdict(r), "name": f"{STAGE_PREFIX}{i}"})
                             for i, r in enumerate(described)]

@@ -21,10 +21,11 @@ import onnx_ir as ir
 import torch
 
 from onnx_modular import runtime
-from onnx_modular._compat import tree_leaves
+from onnx_modular._compat import module_in_spec, tree_leaves
 from onnx_modular._util import check_allocation
 from onnx_modular.check.numerics import dtype_name, onnx_elem_name
 from onnx_modular.errors import fail
+from onnx_modular.parts.runner import ordered_kwargs
 
 #: The size a dynamic dimension gets in generated inputs.
 DEFAULT_DIM = 4
@@ -66,7 +67,10 @@ def _signature_names(model: Any) -> list[str]:
 
 
 def leaves(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Leaf]:
-    """Input tensors in the order torch.export flattens them, each with its parameter name."""
+    """Input tensors in the order torch.export flattens them, each with its parameter name:
+    keywords in the order of the call, or of the one a program (a module with an input
+    spec: ``ExportedProgram.module()``, ``om.modularize``'s) was captured with."""
+    kwargs = ordered_kwargs(kwargs, module_in_spec(model))
     names = _signature_names(model)
     found: list[Leaf] = []
 
@@ -77,9 +81,8 @@ def leaves(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Le
 
     for i, a in enumerate(args):
         add(names[i] if i < len(names) else None, a)
-    order = {n: i for i, n in enumerate(names)}
-    for key in sorted(kwargs, key=lambda k: order.get(k, len(order))):
-        add(key, kwargs[key])
+    for key, value in kwargs.items():
+        add(key, value)
     return found
 
 

@@ -65,6 +65,8 @@ def validate(
     ``localize``: "auto" localizes only when an output diverges; True always; False never.
     ``weights``: the checkpoint of a ``model`` built on the meta device (as ``om.export``
     takes it): torch runs on its tensors mapped from their files, bound only while it runs.
+    Keyword inputs feed the ONNX inputs in the order of the call, as torch.export flattens
+    them (for an ExportedProgram: the order of the call it was captured with).
     """
     check_tolerances(rtol, atol)
     # A forward that changes its inputs in place (x.relu_()) must not change what ONNX

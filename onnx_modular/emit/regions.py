@@ -180,12 +180,9 @@ def partition(model: ir.Model, region_names: Sequence[tuple[str, str]],
         for r, uses in sorted(uses_by_region.items()):
             if r == p_region:
                 continue
-            if p_region is not None and p_region > r:
-                raise ctx.error(rules.TRANSLATION, reason=(
-                    f"ONNX value '{v.name}' of region {region_names[p_region][0]} is read by "
-                    f"the earlier region {region_names[r][0]}"))
             if producer is not None and _is_source(producer):
-                # a constant shared by several FX nodes: each region gets its own copy
+                # a constant shared by several FX nodes: each region gets its own copy, an
+                # earlier region too (the translation made it once, for whichever came first)
                 clone = ir.Node(producer.domain, producer.op_type, [],
                                 [ir.Attr(a.name, a.type, a.value)
                                  for a in producer.attributes.values()],
@@ -197,6 +194,10 @@ def partition(model: ir.Model, region_names: Sequence[tuple[str, str]],
                     user.replace_input_with(idx, clone.outputs[0])
                 nodes_of[r].insert(0, clone)
                 continue
+            if p_region is not None and p_region > r:
+                raise ctx.error(rules.TRANSLATION, reason=(
+                    f"ONNX value '{v.name}' of region {region_names[p_region][0]} is read by "
+                    f"the earlier region {region_names[r][0]}"))
             _fill_type(v, fx_meta)
             fresh = ir.Value(name=v.name, shape=v.shape, type=v.type,
                              const_value=v.const_value if v in initializers else None)

@@ -551,5 +551,5 @@ def _with_graph(program: torch.export.ExportedProgram, graph: torch.fx.Graph,
     return torch.export.ExportedProgram(
         root=program.graph_module, graph=graph, graph_signature=signature,
         state_dict=program.state_dict, range_constraints=program.range_constraints,
-        module_call_graph=program.module_call_graph, constants=program.constants,
-        verifiers=program.verifiers)
+        module_call_graph=program.module_call_graph, example_inputs=program.example_inputs,
+        constants=program.constants, verifiers=program.verifiers)

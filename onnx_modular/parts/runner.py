@@ -28,6 +28,27 @@ def _device_of(providers: Sequence[str]) -> str:
     return "cuda" if providers and providers[0] == "CUDAExecutionProvider" else "cpu"
 
 
+def ordered_kwargs(kwargs: dict[str, Any], in_spec: Any) -> dict[str, Any]:
+    """Keyword inputs in the order the model was captured with (``in_spec``, the program's
+    input TreeSpec: torch.export flattens keywords in the order of the call), whatever
+    order they come in: inputs are matched by position, so ``run(b=, a=)`` must not swap a
+    and b. Without a spec of ``(args, kwargs)``, the caller's order (the call's)."""
+    if not kwargs or in_spec is None:
+        return kwargs
+    try:
+        kw_spec = in_spec.child(1) if in_spec.type is tuple and in_spec.num_children == 2 \
+            else None
+    except Exception:  # a spec pytree cannot read: keep the caller's order
+        return kwargs
+    if kw_spec is None or kw_spec.type is not dict:
+        return kwargs
+    expected = list(kw_spec.context)
+    if set(kwargs) != set(expected):
+        raise fail(f"the model was captured with keyword input(s) "
+                   f"{', '.join(expected) or 'none'}; got {', '.join(kwargs)}")
+    return {k: kwargs[k] for k in expected}
+
+
 class SplitRunner:
     """Chains the part models of ``directory`` (written by ``save``) and returns the outputs."""
 
@@ -100,23 +121,13 @@ class SplitRunner:
         return arrays
 
     def _ordered_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """Keyword inputs in the order the model was captured with, whatever order they
-        come in: inputs are matched by position, so ``run(b=, a=)`` must not swap a and b."""
         if not kwargs or not self.manifest.get("in_spec"):
             return kwargs
         try:
             spec = _compat.treespec_loads(self.manifest["in_spec"])
-            kw_spec = spec.child(1) if spec.type is tuple and \
-                spec.num_children == 2 else None
         except Exception:  # a spec pytree cannot read: keep the caller's order
             return kwargs
-        if kw_spec is None or kw_spec.type is not dict:
-            return kwargs
-        expected = list(kw_spec.context)
-        if set(kwargs) != set(expected):
-            raise fail(f"the model was captured with keyword input(s) "
-                       f"{', '.join(expected) or 'none'}; got {', '.join(kwargs)}")
-        return {k: kwargs[k] for k in expected}
+        return ordered_kwargs(kwargs, spec)
 
     def _structure(self, flat: list[Any], as_torch: bool) -> Any:
         if as_torch:  # (np.ascontiguousarray would make a 0-d output 1-d)

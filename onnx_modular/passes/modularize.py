@@ -8,6 +8,12 @@ Both metadata formats are read: torch.export's (``{key: (path, class_name)}`` wi
 root layer; a second call of one instance gets the key suffix ``@1``) and the FX symbolic
 tracer's (``{path: (path, class)}``, no root layer, leaf modules as ``call_module`` nodes).
 
+The result is laid out as ``torch.export.unflatten``'s: the module of a module's first call
+sits at the module's path (``sub_net.0``), containers never called are plain modules, a
+second call's module sits beside the first (``shared@1``) and takes the weights as inputs;
+every parameter, buffer and constant is registered at its FQN with its kind, so
+``state_dict()`` has the model's keys and non-persistent buffers stay out of it.
+
 The algorithm is linear in the number of nodes: one scan assigns each node its chain of
 calls, a repair step makes interleaved calls contiguous where dependencies allow, and one
 more scan builds all graphs with a stack of builders.
@@ -25,7 +31,17 @@ from typing import Any
 import torch
 import torch.fx
 
-from onnx_modular._compat import codegen_of, lazy_graph_module, program_codegen, set_codegen
+from onnx_modular._compat import (
+    codegen_of,
+    generate_code,
+    is_persistent_buffer,
+    lazy_graph_module,
+    program_codegen,
+    program_guards_fn,
+    set_codegen,
+    set_member,
+    sort_members,
+)
 from onnx_modular._util import class_identifier, common_prefix
 from onnx_modular.diagnostics import DiagnosticContext, Location
 from onnx_modular.errors import rules
@@ -244,18 +260,26 @@ def _split_call(
 # ---- step 3: build the nested GraphModules --------------------------------------------------
 
 class _Builder:
-    """Accumulates one module call's graph while the scan is inside that call."""
+    """Accumulates one module call's graph while the scan is inside that call.
+
+    ``attr``: the call's attribute in its parent (dotted through containers never called).
+    ``location``: where the module sits in the result's tree, the call's module path, for
+    the first call of a module inside first calls; None for other calls (a shared module's
+    second call, a call split in pieces), whose weights then come in as inputs.
+    """
 
     def __init__(self, frame: _Frame | None, parent: _Builder | None,
-                 graph: torch.fx.Graph) -> None:
+                 graph: torch.fx.Graph, attr: str = "", location: str | None = "") -> None:
         self.frame = frame
         self.parent = parent
         self.graph = graph
+        self.attr = attr
+        self.location = location
         self.env: dict[torch.fx.Node, torch.fx.Node] = {}
         self.inputs: list[torch.fx.Node] = []  # outer nodes, in first-use order
         self.defined: list[torch.fx.Node] = []  # original nodes whose value lives here
         self.attributes: dict[str, Any] = {}
-        self.children: dict[str, int] = {}  # attribute name -> uses, for unique names
+        self.children: set[str] = set()  # attribute names of the calls made here
         self._first_body: torch.fx.Node | None = None
 
     @property
@@ -266,6 +290,20 @@ class _Builder:
     def prefix(self) -> str:
         return self.frame[1] + "." if self.frame else ""
 
+    def owned(self, fqn: str) -> str | None:
+        """``fqn`` relative to this module when the module holds it, else None."""
+        if self.location is None:
+            return None
+        if not self.location:
+            return fqn
+        return fqn[len(self.location) + 1:] if fqn.startswith(self.location + ".") else None
+
+
+#: How a state entry is registered: a parameter, a (non-)persistent buffer, or a constant
+#: (a plain attribute, outside the state dict).
+_PARAMETER, _BUFFER, _NON_PERSISTENT, _CONSTANT = "parameter", "buffer", "non_persistent", \
+    "constant"
+
 
 @dataclasses.dataclass
 class _Source:
@@ -274,25 +312,48 @@ class _Source:
     For an ExportedProgram the graph is the *lifted* one: parameter and buffer placeholders
     become attributes and mutated buffers are copied back at the end, which is what
     ``ExportedProgram.module()`` does, without copying and recompiling the whole graph.
+    ``state``: every parameter, buffer and constant as (FQN, value, kind), registered at its
+    FQN in the result, so that its ``state_dict()`` is the model's.
     """
 
     graph: torch.fx.Graph
     attributes: dict[str, Any]
+    state: list[tuple[str, Any, str]]
     lifted: dict[torch.fx.Node, str]  # placeholder -> attribute FQN
     mutated_outputs: list[str | None] | None  # per flat output: buffer/input it writes
     codegen: Any
     class_name: str
     module_type: str
     meta: dict[str, Any]
+    program: torch.export.ExportedProgram | None = None  # for its input guards
+    _aliases: dict[str, list[str]] = dataclasses.field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        by_id: dict[int, list[str]] = {}
+        for name, value, _ in self.state:
+            by_id.setdefault(id(value), []).append(name)
+        self._aliases = {name: names for names in by_id.values() for name in names}
+
+    def aliases(self, target: str) -> list[str]:
+        """``target`` and every other FQN of the same object (a tied weight), in order."""
+        return [target, *(n for n in self._aliases.get(target, []) if n != target)]
 
     @classmethod
     def of_graph_module(cls, gm: torch.fx.GraphModule) -> _Source:
-        attributes: dict[str, Any] = {}
+        """The module's own tensors, shared with it (nothing is copied)."""
+        state: list[tuple[str, Any, str]] = [
+            (name, p, _PARAMETER) for name, p in gm.named_parameters(remove_duplicate=False)]
+        for name, buffer in gm.named_buffers(remove_duplicate=False):
+            owner, _, field = name.rpartition(".")
+            persistent = is_persistent_buffer(gm.get_submodule(owner), field)
+            state.append((name, buffer, _BUFFER if persistent else _NON_PERSISTENT))
+        attributes = {name: value for name, value, _ in state}
         for node in gm.graph.nodes:
             if node.op in ("get_attr", "call_module"):
                 attributes[str(node.target)] = _fetch_attr(gm, str(node.target))
-        return cls(gm.graph, attributes, {}, None, codegen_of(gm.graph), type(gm).__name__,
-                   getattr(gm, "module_type", _type_name(type(gm))), dict(gm.meta))
+        return cls(gm.graph, attributes, state, {}, None, codegen_of(gm.graph),
+                   type(gm).__name__, getattr(gm, "module_type", _type_name(type(gm))),
+                   dict(gm.meta))
 
     @classmethod
     def of_program(cls, ep: torch.export.ExportedProgram) -> _Source:
@@ -301,14 +362,12 @@ class _Source:
         placeholders = [n for n in ep.graph.nodes if n.op == "placeholder"]
         lifted_kinds = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR,
                         InputKind.CUSTOM_OBJ)
+        state = _program_state(ep)
+        attributes = {name: value for name, value, _ in state}
         lifted: dict[torch.fx.Node, str] = {}
-        attributes: dict[str, Any] = {}
         for node, spec in zip(placeholders, ep.graph_signature.input_specs, strict=True):
             if spec.kind in lifted_kinds and spec.target is not None:
                 lifted[node] = spec.target
-                attributes[spec.target] = (ep.state_dict[spec.target]
-                                           if spec.target in ep.state_dict
-                                           else ep.constants[spec.target])
         for node in ep.graph.nodes:
             if node.op == "get_attr":  # submodules of control flow, rare in exported graphs
                 attributes[str(node.target)] = _fetch_attr(ep.graph_module, str(node.target))
@@ -318,8 +377,33 @@ class _Source:
                    for spec in ep.graph_signature.output_specs]
         codegen = program_codegen(ep)
         root_type = _root_type_of(ep)
-        return cls(ep.graph, attributes, lifted, mutated, codegen,
-                   class_identifier(root_type), root_type, dict(ep.graph_module.meta))
+        return cls(ep.graph, attributes, state, lifted, mutated, codegen,
+                   class_identifier(root_type), root_type, dict(ep.graph_module.meta), ep)
+
+
+def _program_state(ep: torch.export.ExportedProgram) -> list[tuple[str, Any, str]]:
+    """The program's parameters (shared), buffers (copied: every result runs on state of its
+    own, as ``torch.export.unflatten``'s do; aliases stay aliases) and constants (shared)."""
+    non_persistent = set(ep.graph_signature.non_persistent_buffers)
+    copies: dict[int, torch.Tensor] = {}
+
+    def own(tensor: torch.Tensor) -> torch.Tensor:
+        if id(tensor) not in copies:
+            copies[id(tensor)] = tensor.clone()
+        return copies[id(tensor)]
+
+    state: list[tuple[str, Any, str]] = []
+    for name, value in ep.state_dict.items():
+        if isinstance(value, torch.nn.Parameter):
+            state.append((name, value, _PARAMETER))
+        else:
+            state.append((name, own(value), _BUFFER))
+    for name, value in ep.constants.items():
+        if name in non_persistent and isinstance(value, torch.Tensor):
+            state.append((name, own(value), _NON_PERSISTENT))
+        else:
+            state.append((name, value, _CONSTANT))
+    return state
 
 
 class _Modularizer:
@@ -327,6 +411,7 @@ class _Modularizer:
         self.source = source
         self.ctx = ctx
         self.chains: dict[torch.fx.Node, tuple[_Frame, ...]] = {}
+        self.located: set[str] = set()  # module paths whose place a call's module took
 
     def run(self) -> torch.fx.GraphModule:
         nodes = list(self.source.graph.nodes)
@@ -351,7 +436,7 @@ class _Modularizer:
             while len(stack) > common + 1:
                 self._close(stack.pop())
             for frame in chain[common:]:
-                stack.append(_Builder(frame, stack[-1], torch.fx.Graph()))
+                stack.append(self._open(stack[-1], frame))
             if node.op == "output" and self.source.mutated_outputs is not None:
                 self._program_output(root, node)
             else:
@@ -384,6 +469,10 @@ class _Modularizer:
             return found
         if value.op == "get_attr" or value in self.source.lifted:
             return self._attribute(builder, value)
+        return self._input(builder, value)
+
+    def _input(self, builder: _Builder, value: torch.fx.Node) -> torch.fx.Node:
+        """A new input of ``builder``'s call, passed by its parent."""
         graph = builder.graph
         if builder._first_body is None:
             placeholder = graph.placeholder(value.name)
@@ -396,15 +485,20 @@ class _Modularizer:
         return placeholder
 
     def _attribute(self, builder: _Builder, value: torch.fx.Node) -> torch.fx.Node:
-        """Parameters, buffers and constants are attributes of the module that uses them."""
+        """Parameters, buffers and constants are read where they live, at their FQN: the
+        module holding one reads it as an attribute; other calls take it as an input from
+        their parent, as ``torch.export.unflatten`` does (a tied weight, a shared module's
+        second call). Objects that cannot be inputs (control-flow graphs) are attributes
+        of the module using them."""
         target = self.source.lifted.get(value) or str(value.target)
-        if builder.frame is None:
-            local = target
-        elif target.startswith(builder.prefix):
-            local = target[len(builder.prefix):]
-        else:
+        obj = self.source.attributes[target]
+        local = next((name for name in map(builder.owned, self.source.aliases(target))
+                      if name is not None), None)
+        if local is None:
+            if isinstance(obj, torch.Tensor):
+                return self._input(builder, value)
             local = target.replace(".", "_")
-        builder.attributes[local] = self.source.attributes[target]
+        builder.attributes[local] = obj
         graph = builder.graph
         if builder._first_body is None:
             node = graph.get_attr(local)
@@ -423,14 +517,32 @@ class _Modularizer:
             builder._first_body = new
         if node.op == "call_module":  # FX tracer leaf module, or _guards_fn
             target = str(node.target)
-            local = target[len(builder.prefix):] if target.startswith(builder.prefix) else target
-            local = local.replace(".", "_") if builder.frame is not None else target
+            local = builder.owned(target)
+            local = target.replace(".", "_") if local is None else local
             new.target = local
             builder.attributes[local] = self.source.attributes[target]
         builder.env[node] = new
         builder.defined.append(node)
 
     # -- closing a call -----------------------------------------------------------------------
+
+    def _open(self, parent: _Builder, frame: _Frame) -> _Builder:
+        """The builder of a call made inside ``parent``'s: its attribute and place."""
+        call_id, path, _ = frame
+        local = path[len(parent.prefix):] if path.startswith(parent.prefix) else path
+        # ``@1`` for a second call, ``#1`` for a piece; inside a call that has no place in
+        # the tree (nothing else lives in its module) its calls keep their plain names
+        attr = local + call_id[len(path):] if parent.location is not None else local
+        located = (attr == local and parent.owned(path) == local and path not in self.located)
+        if located:
+            self.located.add(path)
+        base, k = attr, 0
+        while attr in parent.children or (
+                not located and parent.location is not None and attr == local):
+            k += 1  # the module's place is another call's: ``shared@1`` as unflatten names it
+            attr = f"{base}@{k}"
+        parent.children.add(attr)
+        return _Builder(frame, parent, torch.fx.Graph(), attr, path if located else None)
 
     def _close(self, builder: _Builder) -> None:
         parent = builder.parent
@@ -445,7 +557,7 @@ class _Modularizer:
         sub.module_type = type_name
         sub.call_id = call_id
 
-        attr = self._child_name(parent, path)
+        attr = builder.attr
         parent.attributes[attr] = sub
         args = tuple(self._lookup(parent, v) for v in builder.inputs)
         call = parent.graph.create_node("call_module", attr, args, name=_node_name(attr))
@@ -456,6 +568,7 @@ class _Modularizer:
             parent.env[outputs[0]] = call
             call.meta["val"] = outputs[0].meta.get("val")
         else:
+            call.meta["val"] = tuple(out.meta.get("val") for out in outputs)
             for i, out in enumerate(outputs):
                 item = parent.graph.call_function(operator.getitem, (call, i))
                 item.meta["val"] = out.meta.get("val")
@@ -464,28 +577,76 @@ class _Modularizer:
         # the outputs get values in the parent's graph.
         parent.defined.extend(builder.defined)
 
-    def _child_name(self, parent: _Builder, path: str) -> str:
-        """Readable, unique attribute names: ``h_0`` then ``h_0_1`` for a second call."""
-        local = path[len(parent.prefix):] if path.startswith(parent.prefix) else path
-        base = re.sub(r"\W", "_", local) or "module"
-        if base[0].isdigit():
-            base = f"m_{base}"
-        uses = parent.children.get(base, 0)
-        parent.children[base] = uses + 1
-        return base if uses == 0 else f"{base}_{uses}"
-
     def _finish_root(self, root: _Builder) -> torch.fx.GraphModule:
         gm = lazy_graph_module(root.attributes, root.graph, self.source.class_name)
+        _install_state(gm, self.source.state)
+        _order_as(gm, [name for name, _, _ in self.source.state])
         gm.module_path = ""
         gm.module_type = self.source.module_type
         gm.call_id = ""
         gm.meta.update(self.source.meta)
+        if self.source.program is not None:
+            _add_guards(gm, self.source.program)
+        # Code generated now, not on first call: torch.compile cannot trace a lazy module's
+        # first call (it generates its code then), and a result is compiled as it comes.
+        generate_code(gm)
         return gm
 
 
+def _install_state(root: torch.nn.Module, state: list[tuple[str, Any, str]]) -> None:
+    """Register every entry at its FQN, of its kind (a ``GraphModule`` built from a dict
+    makes every plain tensor a persistent buffer); containers no call stands for (a
+    ``ModuleList``, a module never called) become plain ``nn.Module``\\ s."""
+    for fqn, value, kind in state:
+        *parents, field = fqn.split(".")
+        module = root
+        for part in parents:
+            child = getattr(module, part, None)
+            if not isinstance(child, torch.nn.Module):
+                child = torch.nn.Module()
+                module.add_module(part, child)
+            module = child
+        parameter = kind == _PARAMETER and isinstance(value, torch.nn.Parameter)
+        set_member(module, field, value, parameter=parameter,
+                   buffer=kind in (_PARAMETER, _BUFFER, _NON_PERSISTENT),
+                   persistent=kind != _NON_PERSISTENT)
+
+
+def _order_as(root: torch.nn.Module, names: list[str]) -> None:
+    """Children, parameters and buffers in the order their FQNs first come in ``names``
+    (the model's), so that ``state_dict()`` lists its keys as the model does; the modules
+    of other calls and the guards come last."""
+    rank: dict[str, int] = {}
+    for name in names:
+        parts = name.split(".")
+        for i in range(1, len(parts) + 1):
+            rank.setdefault(".".join(parts[:i]), len(rank))
+    last = len(rank)
+    for path, module in root.named_modules(remove_duplicate=False):
+        prefix = path + "." if path else ""
+        sort_members(module, lambda name, prefix=prefix: rank.get(prefix + name, last))
+
+
+def _add_guards(gm: torch.fx.GraphModule, program: torch.export.ExportedProgram) -> None:
+    """Check the inputs as ``program.module()`` does: its ``_guards_fn`` called first."""
+    generate_code(gm, recursive=False)  # the signature the guards bind inputs to
+    guards = program_guards_fn(program, gm)
+    if guards is None:
+        return
+    gm._guards_fn = guards
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    with gm.graph.inserting_after(placeholders[-1]):
+        gm.graph.call_module("_guards_fn", tuple(placeholders))
+    gm.recompile()
+
+
 def _node_name(attr: str) -> str:
-    """Generated code binds node names as locals: ``self`` or a keyword would break it."""
-    return f"{attr}_" if attr == "self" or keyword.iskeyword(attr) else attr
+    """Generated code binds node names as locals: readable identifiers (``m_0`` for a
+    digit-led attribute, ``shared_1`` for ``shared@1``), never ``self`` or a keyword."""
+    name = re.sub(r"\W", "_", attr) or "module"
+    if name[0].isdigit():
+        name = f"m_{name}"
+    return f"{name}_" if name == "self" or keyword.iskeyword(name) else name
 
 
 def _fetch_attr(gm: torch.nn.Module, target: str) -> Any:
@@ -539,7 +700,15 @@ def modularize(program: Any, ctx: DiagnosticContext | None = None) -> torch.fx.G
 
     ``program`` is an ``ExportedProgram`` (before or after ``run_decompositions``) or a
     ``GraphModule`` whose nodes carry ``nn_module_stack``. The result is called like
-    ``program.module()`` and returns exactly the same values.
+    ``program.module()``, checks its inputs as that does (the program's guards) and returns
+    exactly the same values; ``state_dict()`` keys are the model's, so
+    ``load_state_dict(model.state_dict(), strict=True)`` works.
+
+    State of an ExportedProgram: buffers are copied, as ``torch.export.unflatten`` copies
+    them, so running the result (a BatchNorm in training, a cache) changes neither the
+    program nor another result made from it; parameters and constants are shared, not
+    copied (``load_state_dict`` on the result writes into the program's parameters). A
+    GraphModule's tensors are all shared with it.
     """
     ctx = ctx if ctx is not None else DiagnosticContext()
     if isinstance(program, torch.export.ExportedProgram):
@@ -571,7 +740,7 @@ def module_call_chains(gm: torch.fx.GraphModule) -> dict[str, tuple[CallInfo, ..
         for node in module.graph.nodes:
             info = node.meta.get(FX_CALL)
             if node.op == "call_module" and info is not None:
-                walk(getattr(module, str(node.target)), (*chain, info))
+                walk(module.get_submodule(str(node.target)), (*chain, info))
             elif node.op in ("call_function", "call_method", "call_module", "get_attr"):
                 name = node.meta.get(FX_NAME)
                 if name is not None and (node.op != "get_attr" or name not in result):
@@ -587,6 +756,6 @@ def iter_module_calls(
     """Every (call_module node, sub-GraphModule) pair, depth first in execution order."""
     for node in gm.graph.nodes:
         if node.op == "call_module" and node.meta.get(FX_CALL) is not None:
-            sub = getattr(gm, str(node.target))
+            sub = gm.get_submodule(str(node.target))
             yield node, sub
             yield from iter_module_calls(sub)

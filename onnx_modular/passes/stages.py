@@ -56,6 +56,11 @@ def _compute_nodes(graph: torch.fx.Graph, markers: bool = False) -> list[torch.f
             and (markers or not is_marker(n))]
 
 
+def has_operators(ep: torch.export.ExportedProgram) -> bool:
+    """Does the program compute anything (a marker is no operator)? Nothing to cut else."""
+    return bool(_compute_nodes(ep.graph))
+
+
 def _paths_of(node: torch.fx.Node) -> set[str]:
     stack = node.meta.get("nn_module_stack") or {}
     return {str(v[0]) if isinstance(v, tuple) else str(k) for k, v in stack.items()}
