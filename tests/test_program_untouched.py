@@ -21,6 +21,7 @@ import torch
 from torch._guards import detect_fake_mode
 
 import onnx_modular as om
+from onnx_modular._compat import tensor_version
 
 EXAMPLE_BATCH = 2  # models.token_ids
 OTHER_BATCH = 5
@@ -43,7 +44,7 @@ def program_state(program: torch.export.ExportedProgram) -> dict[str, Any]:
             "vals": [str(v) for v in vals],
             "replacements": dict(shape_env.replacements),
             "var_to_range": dict(shape_env.var_to_range), "guards": len(shape_env.guards),
-            "state": {k: (v.data_ptr(), v._version) for k, v in program.state_dict.items()}}
+            "state": {k: (v.data_ptr(), tensor_version(v)) for k, v in program.state_dict.items()}}
 
 
 def _exported(program: torch.export.ExportedProgram, out: Path) -> list[onnx.ModelProto]:
