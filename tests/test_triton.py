@@ -231,7 +231,7 @@ def test_cli_writes_the_repository(tmp_path, capsys) -> None:
 
 def dynamic_batch(model, args, **split):
     """``split_stages`` of ``model`` exported with its first input's batch dimension
-    dynamic (an export per split: a second split of one program specializes the batch)."""
+    dynamic."""
     batch = torch.export.Dim("batch", max=64)
     program = torch.export.export(model, args, dynamic_shapes=({0: batch},), strict=False)
     return om.split_stages(program, **split)

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch.fx.experimental.symbolic_shapes import optimization_hint
 
 from onnx_modular._compat import codegen_of, lazy_graph_module, returns_nothing, set_codegen
 from onnx_modular.diagnostics import DiagnosticContext, Location
@@ -106,12 +107,17 @@ def is_tensor_node(node: torch.fx.Node) -> bool:
 
 
 def value_bytes(node: torch.fx.Node) -> int:
-    """Bytes of the node's value from its fake tensor(s); 0 when unknown or symbolic."""
+    """Bytes of the node's value from its fake tensor(s); 0 when unknown.
+
+    A symbolic size counts at its example value, read as a hint: ``int()`` of it would add a
+    guard to the program's ShapeEnv (shared with the caller's ExportedProgram), pinning the
+    dynamic dim to the example size in every later export of that program.
+    """
     def size(v: Any) -> int:
         if isinstance(v, torch.Tensor):
             try:
-                return int(v.numel()) * v.element_size()
-            except Exception:  # symbolic sizes
+                return optimization_hint(v.numel(), fallback=0) * v.element_size()
+            except Exception:  # a size with no hint
                 return 0
         if isinstance(v, (list, tuple)):
             return sum(size(x) for x in v)
