@@ -145,6 +145,14 @@ def test_the_cycle_check_catches_a_circle() -> None:
     assert import_cycles({"a": {"b"}, "b": set()}) == []
 
 
+def test_emit_imports_nothing_from_passes() -> None:
+    """The FX passes run before emit (api/ lowers once, then emits): emit takes their
+    result (the call chains) as data."""
+    wrong = [f"{m} imports {i}" for m, imports in import_graph().items()
+             if part_of(m) == "emit" for i in imports if part_of(i) == "passes"]
+    assert not wrong, "\n".join(wrong)
+
+
 def own_private_names() -> set[str]:
     """Every ``_name`` the package itself defines (functions, classes, attributes, args)."""
     names: set[str] = set()

@@ -46,8 +46,6 @@ from onnx_modular.emit.outline import (
 from onnx_modular.emit.verify import verify
 from onnx_modular.errors import rules
 from onnx_modular.metadata import CallInfo
-from onnx_modular.passes.infra import PassManager
-from onnx_modular.passes.modularize import Modularize, module_call_chains
 
 Chains = Mapping[str, tuple[CallInfo, ...]]
 
@@ -171,7 +169,8 @@ def emit_model(model: ir.Model, chains: Chains, weights: frozenset[str] | set[st
                options: EmitOptions, ctx: DiagnosticContext) -> EmitReport:
     """Run the pipeline on ``model`` (an unoptimized translation or a part of one), in place.
 
-    ``chains``: FX node name -> its module calls (``module_call_chains``); ``weights``:
+    ``chains``: FX node name -> its module calls (``module_call_chains`` of the program
+    Modularize made, computed by the caller: ``api/spine.py``); ``weights``:
     initializer names of the program's parameters, buffers and lifted constants.
     """
     select = options.selection(ctx)
@@ -228,23 +227,3 @@ def program_weights(program: torch.export.ExportedProgram) -> frozenset[str]:
     return frozenset(spec.target for spec in program.graph_signature.input_specs
                      if spec.target is not None)
 
-
-def call_chains(program: torch.export.ExportedProgram, ctx: DiagnosticContext
-                ) -> tuple[torch.fx.GraphModule, dict[str, tuple[CallInfo, ...]]]:
-    """Modularize the (decomposed) program: the nested GraphModule and each node's calls."""
-    modularize_pass, graph_module = Modularize.for_program(program)
-    result = PassManager([modularize_pass], ctx)(graph_module)
-    return result.graph_module, module_call_chains(result.graph_module)
-
-
-def emit_program(model: ir.Model, program: torch.export.ExportedProgram,
-                 options: EmitOptions, ctx: DiagnosticContext) -> EmitReport:
-    """The pipeline on a whole translation of ``program`` (``om.export``, ``om.hook``)."""
-    options.selection(ctx)  # a bad selection fails before modularizing
-    gm: torch.fx.GraphModule | None = None
-    chains: dict[str, tuple[CallInfo, ...]] = {}
-    if options.optimize or not options.flat:
-        gm, chains = call_chains(program, ctx)
-    report = emit_model(model, chains, program_weights(program), options, ctx)
-    report.graph_module = None if options.flat else gm
-    return report
