@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import re
 import secrets
@@ -23,6 +24,7 @@ import onnx
 import onnx_ir as ir
 
 from onnx_modular._compat import ir_save_external
+from onnx_modular.diagnostics import Diagnostic, to_sarif
 from onnx_modular.errors import fail
 
 TWO_GB = 2 * 1024**3
@@ -146,6 +148,12 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def write_sarif(diagnostics: list[Diagnostic], path: str) -> None:
+    """The diagnostics as a SARIF 2.1.0 log, written atomically (here, not in diagnostics,
+    so the leaves import one way: _io -> errors -> diagnostics)."""
+    atomic_write_text(path, json.dumps(to_sarif(diagnostics), indent=2))
 
 
 def encode_varint(value: int) -> bytes:

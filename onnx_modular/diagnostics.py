@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
-import json
 import re
 import string
 import urllib.parse
@@ -243,8 +242,3 @@ def to_sarif(diagnostics: list[Diagnostic]) -> dict[str, Any]:
         }],
     }
 
-
-def write_sarif(diagnostics: list[Diagnostic], path: str) -> None:
-    from onnx_modular._io import atomic_write_text
-
-    atomic_write_text(path, json.dumps(to_sarif(diagnostics), indent=2))

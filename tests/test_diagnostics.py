@@ -9,12 +9,12 @@ import pytest
 import torch
 import torch.fx
 
+from onnx_modular._io import write_sarif
 from onnx_modular.diagnostics import (
     DiagnosticContext,
     Level,
     Location,
     OnnxModularError,
-    write_sarif,
 )
 from onnx_modular.errors import rules
 from onnx_modular.passes import PassBase, PassConditionError, PassManager, PassResult

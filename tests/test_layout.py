@@ -84,6 +84,75 @@ def test_no_module_imports_from_a_later_stage() -> None:
     assert not wrong, "\n".join(wrong)
 
 
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the package modules it imports (module level, in functions, and under
+    ``TYPE_CHECKING`` alike); ``from pkg import name`` counts as ``pkg`` unless ``name`` is
+    a module."""
+    known = {dotted(p).removesuffix(".__init__") for p in modules()}
+    graph: dict[str, set[str]] = {}
+    for path in modules():
+        module = dotted(path).removesuffix(".__init__")
+        for _, imported in package_imports(ast.parse(path.read_text(), str(path)),
+                                           dotted(path)):
+            while imported not in known and "." in imported:
+                imported = imported.rsplit(".", 1)[0]
+            if imported != module:
+                graph.setdefault(module, set()).add(imported)
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected group of modules (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return cycles
+
+
+def test_no_import_cycles() -> None:
+    cycles = import_cycles(import_graph())
+    assert not cycles, "modules that import each other, directly or around a circle:\n" + \
+        "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_cycle_check_catches_a_circle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert import_cycles(graph) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_emit_imports_nothing_from_passes() -> None:
+    """The FX passes run before emit (api/ lowers once, then emits): emit takes their
+    result (the call chains) as data."""
+    wrong = [f"{m} imports {i}" for m, imports in import_graph().items()
+             if part_of(m) == "emit" for i in imports if part_of(i) == "passes"]
+    assert not wrong, "\n".join(wrong)
+
+
 def own_private_names() -> set[str]:
     """Every ``_name`` the package itself defines (functions, classes, attributes, args)."""
     names: set[str] = set()

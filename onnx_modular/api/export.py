@@ -17,9 +17,10 @@ import torch
 from onnx_modular._checkpoint import Checkpoint
 from onnx_modular._io import TWO_GB, save_model
 from onnx_modular._util import gc_paused
+from onnx_modular.api.spine import emit_program
 from onnx_modular.diagnostics import Diagnostic, DiagnosticContext, to_sarif
 from onnx_modular.emit.outline import OutlineReport
-from onnx_modular.emit.pipeline import EmitOptions, emit_program
+from onnx_modular.emit.pipeline import EmitOptions
 from onnx_modular.lower.capture import capture
 from onnx_modular.lower.translate import check_opset, translate
 from onnx_modular.metadata import DIFFERS_FROM

@@ -36,10 +36,11 @@ from onnx_modular._compat import (
     size_oblivious,
     verify_onnx_program,
 )
+from onnx_modular.api.spine import emit_program
 from onnx_modular.api.torchscript_args import TorchScriptCall
 from onnx_modular.diagnostics import Diagnostic, DiagnosticContext, Level, OnnxModularError
 from onnx_modular.emit.optimize import optimize as optimize_keeping_functions
-from onnx_modular.emit.pipeline import EmitOptions, emit_program
+from onnx_modular.emit.pipeline import EmitOptions
 from onnx_modular.errors import fail, rules
 from onnx_modular.lower.translate import MIN_HIERARCHICAL_OPSET, stable_stack_traces
 

@@ -21,8 +21,9 @@ import torch
 
 from onnx_modular._checkpoint import Checkpoint
 from onnx_modular._io import atomic_write_bytes
+from onnx_modular.api.spine import modularized
 from onnx_modular.diagnostics import Diagnostic, DiagnosticContext
-from onnx_modular.emit.pipeline import EmitOptions, call_chains, emit_model, program_weights
+from onnx_modular.emit.pipeline import EmitOptions, emit_model, program_weights
 from onnx_modular.emit.regions import (
     RegionGraph,
     op_types_in,
@@ -104,7 +105,7 @@ class SplitResult:
             meta = {n.name: n.meta.get("val") for n in self._source.graph.nodes}
             graphs = partition(self.onnx_model, [(r.name, r.kind) for r in self.regions],
                                index, meta.get, self._ctx)
-            _, chains = call_chains(self.program, self._ctx)
+            _, chains = modularized(self.program, self._ctx)
             options = EmitOptions("all" if self.hierarchical else "none")
             acc_options = dataclasses.replace(
                 options, avoid_ops=frozenset(op for _, op in self.forbidden_ops))

@@ -22,8 +22,8 @@ from onnx_modular import runtime
 from onnx_modular._util import check_allocation
 from onnx_modular.check.inputs import declared_inputs
 from onnx_modular.check.numerics import check_value, dtype_name, onnx_elem_name, tolerances_for
-from onnx_modular.check.report import Report, md_table
-from onnx_modular.check.validation_report import OutputCheck, ProviderResult, fmt_err, fmt_tol
+from onnx_modular.check.outcome import OutputCheck, ProviderResult
+from onnx_modular.check.report import Report, fmt_err, fmt_tol, md_table
 from onnx_modular.errors import fail
 
 __all__ = ["IOReport", "compare_io", "load_npz", "npz_bytes"]

@@ -55,7 +55,7 @@ from onnx_modular.check.numerics import (
     to_numpy,
     tolerances_for,
 )
-from onnx_modular.check.validation_report import fmt_err
+from onnx_modular.check.report import fmt_err
 from onnx_modular.errors import fail, rules
 from onnx_modular.parts.manifest import restore_interrupted_swap, swap_in
 

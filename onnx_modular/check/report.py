@@ -17,6 +17,16 @@ def md_table(head: list[str], rows: list[list[str]]) -> list[str]:
     return out
 
 
+def fmt_err(x: float) -> str:
+    """Errors to three significant digits: enough to read, short enough for a table."""
+    return f"{x:.3g}"
+
+
+def fmt_tol(x: float) -> str:
+    """``1e-4`` rather than ``0.0001``; an exact check reads ``0``."""
+    return "0" if x == 0 else f"{x:.1e}".replace(".0e", "e").replace("e-0", "e-")
+
+
 class _NullIO:
     def write(self, _text: str) -> int:
         return 0

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from onnx_modular._io import atomic_write_text
 from onnx_modular.check.call_stats import HIST_LABELS, CallError, sparkline
-from onnx_modular.check.numerics import ValueCheck
-from onnx_modular.check.report import Report, md_table
+from onnx_modular.check.outcome import OutputCheck, ProviderResult
+from onnx_modular.check.report import Report, fmt_err, fmt_tol, md_table
 from onnx_modular.errors import fail
 from onnx_modular.runtime import LoadedModel, short_provider
 
@@ -24,40 +24,6 @@ if TYPE_CHECKING:
     from onnx_modular.check.localize import Localization
 
 __all__ = ["OutputCheck", "ProviderResult", "ValidationReport"]
-
-
-@dataclasses.dataclass
-class OutputCheck(ValueCheck):
-    """One model output on one provider against torch: a value check, named and shaped."""
-
-    name: str = ""
-    shape: list[int] = dataclasses.field(default_factory=list)
-
-    @classmethod
-    def of(cls, name: str, shape: list[int], check: ValueCheck) -> OutputCheck:
-        return cls(check.dtype, check.rtol, check.atol, check.diff, name, shape)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "shape": self.shape, "dtype": self.dtype,
-                "rtol": self.rtol, "atol": self.atol, **self.diff.to_dict()}
-
-
-@dataclasses.dataclass
-class ProviderResult:
-    """Every output on one execution provider, with session-creation and run time."""
-
-    provider: str
-    outputs: list[OutputCheck]
-    session_s: float
-    run_s: float
-
-    @property
-    def ok(self) -> bool:
-        return all(o.ok for o in self.outputs)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"provider": self.provider, "ok": self.ok, "session_s": self.session_s,
-                "run_s": self.run_s, "outputs": [o.to_dict() for o in self.outputs]}
 
 
 @dataclasses.dataclass
@@ -310,12 +276,3 @@ class ValidationReport(Report):
         lines += [*md_table(self._ERR_HEAD, rows), "", "</details>"]
         return lines
 
-
-def fmt_err(x: float) -> str:
-    """Errors to three significant digits: enough to read, short enough for a table."""
-    return f"{x:.3g}"
-
-
-def fmt_tol(x: float) -> str:
-    """``1e-4`` rather than ``0.0001``; an exact check reads ``0``."""
-    return "0" if x == 0 else f"{x:.1e}".replace(".0e", "e").replace("e-0", "e-")

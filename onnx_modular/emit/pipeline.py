@@ -45,9 +45,7 @@ from onnx_modular.emit.outline import (
 )
 from onnx_modular.emit.verify import verify
 from onnx_modular.errors import rules
-from onnx_modular.metadata import CallInfo
-from onnx_modular.passes.infra import PassManager
-from onnx_modular.passes.modularize import Modularize, module_call_chains
+from onnx_modular.metadata import DIFFERS_FROM, CallInfo
 
 Chains = Mapping[str, tuple[CallInfo, ...]]
 
@@ -87,39 +85,91 @@ class EmitReport:
 
 # ---- the passes ------------------------------------------------------------------------------
 
-class FoldWeights(ir.passes.InPlacePass):
+class EmitPassError(ir.passes.PassError):
+    """A step failed: carries the step, so the error names it (not read from message text)."""
+
+    def __init__(self, step: ir.passes.PassBase) -> None:
+        super().__init__(f"the emit step {type(step).__name__} failed")
+        self.step = step
+
+
+def _shape(model: ir.Model) -> tuple[list[object], list[object]]:
+    """What a pass may change, by identity: every node (subgraphs too) with its inputs,
+    attributes, output names and metadata; functions, graph inputs/outputs, initializers and
+    opsets. The first list keeps the objects alive, so their ids cannot be reused."""
+    keep: list[object] = []
+    key: list[object] = [tuple(model.opset_imports.items())]
+    graphs: list[ir.Graph | ir.Function] = [model.graph, *model.functions.values()]
+    for graph in graphs:
+        keep += [graph, *graph.inputs, *graph.outputs]
+        key += [id(graph), tuple(map(id, graph.inputs)), tuple(map(id, graph.outputs)),
+                tuple(graph.metadata_props.items())]
+        for node in ir.traversal.RecursiveGraphIterator(graph):
+            attributes = tuple(node.attributes.values())
+            keep += [node, *node.inputs, *attributes]
+            key += [id(node), node.op_type, node.domain, tuple(map(id, node.inputs)),
+                    tuple(map(id, attributes)), tuple(o.name for o in node.outputs),
+                    tuple(node.metadata_props.items())]
+    for name, value in model.graph.initializers.items():
+        keep += [value, value.const_value]
+        key += [name, id(value), id(value.const_value)]
+    return keep, key
+
+
+class EmitPass(ir.passes.InPlacePass):
+    """A step of the pipeline: ``run`` changes the model in place; whether it did is read
+    from the model (:func:`_shape` before and after), and a failure carries the step."""
+
+    def run(self, model: ir.Model) -> None:
+        raise NotImplementedError
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        alive, before = _shape(model)  # ``alive``: no id in ``before`` is reused meanwhile
+        self.run(model)
+        modified = _shape(model)[1] != before
+        del alive
+        return ir.passes.PassResult(model, modified=modified)
+
+    def __call__(self, model_or_result: ir.Model | ir.passes.PassResult, /
+                 ) -> ir.passes.PassResult:
+        try:
+            return super().__call__(model_or_result)
+        except OnnxModularError:
+            raise  # already says what went wrong, for the user
+        except Exception as e:
+            raise EmitPassError(self) from e
+
+
+class FoldWeights(EmitPass):
     def __init__(self, weights: frozenset[str], chains: Chains, select: Select | None) -> None:
         super().__init__()
         self.weights, self.chains, self.select = weights, chains, select
 
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
+    def run(self, model: ir.Model) -> None:
         nodes = list(model.graph)
         fold_weights(model, self.weights, chains_per_node(nodes, self.chains, self.select))
-        return ir.passes.PassResult(model, modified=True)
 
 
-class Outline(ir.passes.InPlacePass):
+class Outline(EmitPass):
     def __init__(self, chains: Chains, select: Select | None, dedupe: bool,
                  report: EmitReport) -> None:
         super().__init__()
         self.chains, self.select, self.dedupe, self.report = chains, select, dedupe, report
 
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
+    def run(self, model: ir.Model) -> None:
         self.report.outline = outline(model, self.chains, select=self.select, dedupe=self.dedupe)
-        return ir.passes.PassResult(model, modified=True)
 
 
-class Optimize(ir.passes.InPlacePass):
+class Optimize(EmitPass):
     def __init__(self, avoid: frozenset[str] = frozenset()) -> None:
         super().__init__()
         self.avoid = avoid
 
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
+    def run(self, model: ir.Model) -> None:
         optimize(model, self.avoid)
-        return ir.passes.PassResult(model, modified=True)
 
 
-class MergeEqualFunctions(ir.passes.InPlacePass):
+class MergeEqualFunctions(EmitPass):
     def __init__(self, report: EmitReport) -> None:
         super().__init__()
         self.report = report
@@ -129,15 +179,17 @@ class MergeEqualFunctions(ir.passes.InPlacePass):
         return ir.passes.PassResult(model, modified=bool(merged))
 
 
-class ExplainDifferences(ir.passes.InPlacePass):
+class ExplainDifferences(EmitPass):
     """Every extra function of a class records what tells it from the first one."""
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
+        before = {key: f.metadata_props.get(DIFFERS_FROM) for key, f in model.functions.items()}
         annotate_differences(model)
-        return ir.passes.PassResult(model, modified=False)
+        after = {key: f.metadata_props.get(DIFFERS_FROM) for key, f in model.functions.items()}
+        return ir.passes.PassResult(model, modified=after != before)
 
 
-class Verify(ir.passes.InPlacePass):
+class Verify(EmitPass):
     """Strict ONNX type and shape inference: a model ONNX Runtime would reject is an error
     here, naming the module and FX node, before anything is written."""
 
@@ -146,14 +198,14 @@ class Verify(ir.passes.InPlacePass):
         return ir.passes.PassResult(model, modified=False)
 
 
-class InlineAll(ir.passes.InPlacePass):
+class InlineAll(EmitPass):
     """The flat model: every call inlined; constants shared as initializers again."""
 
     def __init__(self, optimized: bool) -> None:
         super().__init__()
         self.optimized = optimized
 
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
+    def run(self, model: ir.Model) -> None:
         RebasingInlinePass()(model)
         if self.optimized:
             finish_inlined(model)
@@ -162,7 +214,6 @@ class InlineAll(ir.passes.InPlacePass):
         for domain in list(model.opset_imports):
             if domain not in ("", "ai.onnx") and domain not in used:
                 model.opset_imports.pop(domain, None)
-        return ir.passes.PassResult(model, modified=True)
 
 
 # ---- running it ------------------------------------------------------------------------------
@@ -171,7 +222,8 @@ def emit_model(model: ir.Model, chains: Chains, weights: frozenset[str] | set[st
                options: EmitOptions, ctx: DiagnosticContext) -> EmitReport:
     """Run the pipeline on ``model`` (an unoptimized translation or a part of one), in place.
 
-    ``chains``: FX node name -> its module calls (``module_call_chains``); ``weights``:
+    ``chains``: FX node name -> its module calls (``module_call_chains`` of the program
+    Modularize made, computed by the caller: ``api/spine.py``); ``weights``:
     initializer names of the program's parameters, buffers and lifted constants.
     """
     select = options.selection(ctx)
@@ -207,19 +259,23 @@ def emit_model(model: ir.Model, chains: Chains, weights: frozenset[str] | set[st
 
 
 def _run(steps: ir.passes.Sequential, model: ir.Model, ctx: DiagnosticContext) -> None:
-    """Our own errors pass through; anything else names the step it failed in."""
+    """Our own errors pass through; anything else names the step it failed in, read from
+    the error chain (:class:`EmitPassError` carries the step)."""
     try:
         steps(model)
     except ir.passes.PassError as e:
+        chain: list[BaseException] = []
         cause: BaseException | None = e
-        while cause is not None and not isinstance(cause, OnnxModularError):
+        while cause is not None:
+            chain.append(cause)
             cause = cause.__cause__
-        if isinstance(cause, OnnxModularError):
-            raise cause from e
-        failed = next((type(p).__name__ for p in steps.passes
-                       if f"running the '{p}' pass" in str(e)), "emit")
-        inner = e.__cause__ or e
-        raise ctx.error(rules.PASS_FAILED, pass_name=failed,
+        ours = next((c for c in chain if isinstance(c, OnnxModularError)), None)
+        if ours is not None:
+            raise ours from e
+        failed = next((c for c in chain if isinstance(c, EmitPassError)), None)
+        inner = (failed.__cause__ if failed is not None else None) or e.__cause__ or e
+        raise ctx.error(rules.PASS_FAILED,
+                        pass_name=type(failed.step).__name__ if failed else "emit",
                         reason=f"{type(inner).__name__}: {inner}") from e
 
 
@@ -228,23 +284,3 @@ def program_weights(program: torch.export.ExportedProgram) -> frozenset[str]:
     return frozenset(spec.target for spec in program.graph_signature.input_specs
                      if spec.target is not None)
 
-
-def call_chains(program: torch.export.ExportedProgram, ctx: DiagnosticContext
-                ) -> tuple[torch.fx.GraphModule, dict[str, tuple[CallInfo, ...]]]:
-    """Modularize the (decomposed) program: the nested GraphModule and each node's calls."""
-    modularize_pass, graph_module = Modularize.for_program(program)
-    result = PassManager([modularize_pass], ctx)(graph_module)
-    return result.graph_module, module_call_chains(result.graph_module)
-
-
-def emit_program(model: ir.Model, program: torch.export.ExportedProgram,
-                 options: EmitOptions, ctx: DiagnosticContext) -> EmitReport:
-    """The pipeline on a whole translation of ``program`` (``om.export``, ``om.hook``)."""
-    options.selection(ctx)  # a bad selection fails before modularizing
-    gm: torch.fx.GraphModule | None = None
-    chains: dict[str, tuple[CallInfo, ...]] = {}
-    if options.optimize or not options.flat:
-        gm, chains = call_chains(program, ctx)
-    report = emit_model(model, chains, program_weights(program), options, ctx)
-    report.graph_module = None if options.flat else gm
-    return report
