@@ -20,6 +20,8 @@ import contextlib
 import contextvars
 import dataclasses
 import inspect
+import itertools
+import os
 import re
 import shutil
 import tempfile
@@ -205,7 +207,7 @@ def _verify(onnx_program: Any) -> list[tuple[str, float, float]]:
     warning (torch only logs) when they are passed."""
     results = verify_onnx_program(onnx_program)
     for name, abs_diff, rel_diff in results:
-        if abs_diff >= _VERIFY_ABS or rel_diff >= _VERIFY_REL:
+        if not (abs_diff < _VERIFY_ABS and rel_diff < _VERIFY_REL):  # NaN fails too
             warnings.warn(f"onnx_modular.hook: verify=True: output '{name}' differs from "
                           f"torch by {abs_diff:.3g} (abs), {rel_diff:.3g} (rel)", HookWarning,
                           stacklevel=4)
@@ -219,6 +221,10 @@ def _write_report(directory: Path, onnx_program: Any, record: HookedExport) -> P
     directory.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
     path = directory / f"onnx_export_{stamp}_onnx_modular.md"
+    for n in itertools.count(1):  # two exports in one second keep both reports
+        if not path.exists():
+            break
+        path = directory / f"onnx_export_{stamp}_onnx_modular_{n}.md"
     lines = ["# PyTorch ONNX Conversion Report (onnx_modular.hook)", "",
              f"Hierarchical: {record.hierarchical}; {len(record.functions)} local function(s).",
              "", "## Functions", "", "| function | calls | differs from |", "|---|---|---|"]
@@ -247,7 +253,8 @@ def _through_dynamo(original: Callable[..., Any]) -> Callable[..., Any]:
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         call = TorchScriptCall(dict(bound.arguments))
-        path = call["f"] if isinstance(call["f"], str) else None
+        f = call["f"]
+        path = os.fspath(f) if isinstance(f, (str, os.PathLike)) else None
         reason = call.torchscript_only()
         if reason is None:
             reason = _export_on_the_dynamo_path(call, session)
