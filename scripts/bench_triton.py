@@ -35,20 +35,9 @@ import triton_server
 from bench_validate import gpt2
 
 import onnx_modular as om
+from onnx_modular.parts.triton_runner import request_inputs as request
 
 warnings.filterwarnings("ignore")
-
-
-def request(arrays: dict[str, np.ndarray]) -> list:
-    import tritonclient.http as http
-    from tritonclient.utils import np_to_triton_dtype
-
-    entries = []
-    for name, value in arrays.items():
-        entry = http.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
-        entry.set_data_from_numpy(value)
-        entries.append(entry)
-    return entries
 
 
 def latency(fn, n: int) -> tuple[float, float]:

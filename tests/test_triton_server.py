@@ -17,6 +17,7 @@ import triton_server
 import onnx_modular as om
 from onnx_modular.cli import main
 from onnx_modular.parts.triton import DEFAULT_MAX_BATCH_SIZE
+from onnx_modular.parts.triton_runner import request_inputs as request
 
 pytestmark = pytest.mark.skipif(triton_server.missing() is not None,
                                 reason=str(triton_server.missing()))
@@ -53,18 +54,6 @@ def saved(server):
     for name, (_, _, parts) in out.items():
         parts.save_triton(server.repo, name=name)
     return out
-
-
-def request(arrays: dict[str, np.ndarray]) -> list:
-    import tritonclient.http as http
-    from tritonclient.utils import np_to_triton_dtype
-
-    entries = []
-    for name, value in arrays.items():
-        entry = http.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
-        entry.set_data_from_numpy(value)
-        entries.append(entry)
-    return entries
 
 
 def outputs(result) -> dict[str, np.ndarray]:

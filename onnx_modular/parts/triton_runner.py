@@ -121,19 +121,13 @@ class TritonRunner:
         as_torch = any(type(x).__module__.startswith("torch") for x in inputs)
         env = {n: _numpy(x) for n, x in zip(self.inputs, inputs)}
         module = _client_module(self.protocol)
-        from tritonclient.utils import np_to_triton_dtype
-
         for model, _, names, outputs in self.steps:
             self._check(model)
-            request = []
-            for n in names:
-                if n not in env:
-                    raise fail(f"model '{model}' reads '{n}', which no earlier part produces",
-                               rules.VALIDATION)
-                value = env[n]
-                entry = module.InferInput(n, list(value.shape), np_to_triton_dtype(value.dtype))
-                entry.set_data_from_numpy(value)
-                request.append(entry)
+            missing = next((n for n in names if n not in env), None)
+            if missing is not None:
+                raise fail(f"model '{model}' reads '{missing}', which no earlier part produces",
+                           rules.VALIDATION)
+            request = request_inputs({n: env[n] for n in names}, self.protocol)
             wanted = [module.InferRequestedOutput(n) for n in outputs]
             try:
                 result = self.client(model).infer(model, request, model_version=self.version,
@@ -156,6 +150,19 @@ class TritonRunner:
         for client in self._clients.values():
             client.close()
         self._clients.clear()
+
+
+def request_inputs(arrays: Mapping[str, np.ndarray], protocol: str = "http") -> list[Any]:
+    """tritonclient's ``InferInput`` list for ``{name: array}``, in order."""
+    from tritonclient.utils import np_to_triton_dtype
+
+    module = _client_module(protocol)
+    entries = []
+    for name, value in arrays.items():
+        entry = module.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
+        entry.set_data_from_numpy(value)
+        entries.append(entry)
+    return entries
 
 
 def _endpoint(endpoints: str | Mapping[str, str], model: str, part: str) -> str:
