@@ -238,6 +238,15 @@ def test_torchscript_only_options_stay_flat_with_a_warning_naming_them(
     assert not (tmp_path / "strict.onnx").exists()
 
 
+def test_a_dynamo_false_call_below_opset_18_warns_it_stays_flat(tmp_path) -> None:
+    """The warning is raised while torch.onnx runs quietly: it must still reach the caller."""
+    model, args = models.Stack(1).eval(), models.x8()
+    with om.hook() as session, pytest.warns(om.HookWarning, match="opset 17"):
+        _legacy_export(model, args, str(tmp_path / "o17.onnx"), opset_version=17)
+    assert not onnx.load(str(tmp_path / "o17.onnx")).functions
+    assert session.exports[-1].flat_reason is not None
+
+
 def test_a_script_module_stays_flat_with_a_warning(tmp_path) -> None:
     scripted = torch.jit.script(models.Stack(1).eval())
     with om.hook(), pytest.warns(om.HookWarning, match="TorchScript"):

@@ -89,14 +89,11 @@ class HookSession:
     #: warnings held back while torch.onnx runs quietly (a dynamo=False call), given after
     pending: list[str] | None = None
 
-    def stays_flat(self, reason: str, path: str | None = None,
-                   cause: BaseException | None = None) -> None:
+    def stays_flat(self, reason: str, path: str | None = None) -> None:
         """Record a flat export; warn, or raise under ``strict``."""
-        message = f"onnx_modular.hook: this export stays flat: {reason}"
-        if self.strict:
-            raise fail(message + " (strict=True)", rules.EXPORT_FAILED) from cause
-        self.exports.append(HookedExport(path, (), reason, []))
-        warnings.warn(message, HookWarning, stacklevel=4)
+        if not self.strict:
+            self.exports.append(HookedExport(path, (), reason, []))
+        _warn_or_raise(self, f"this export stays flat: {reason}")
 
 
 #: The open hooks of this context, innermost last (per thread: a new thread starts empty).
