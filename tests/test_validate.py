@@ -15,7 +15,7 @@ from torch import nn
 import onnx_modular as om
 from onnx_modular import runtime as _ort
 from onnx_modular.check import numerics
-from onnx_modular.check.localize import build_probe
+from onnx_modular.check.probe import build_probe
 
 HAS_CUDA = "CUDAExecutionProvider" in _ort.available_providers()
 NO_CUDA = "needs onnxruntime-gpu with the CUDAExecutionProvider and a CUDA GPU"

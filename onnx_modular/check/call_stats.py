@@ -11,12 +11,13 @@ calls ran, and one sentence saying where the error starts and how it grows: "mod
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import numpy as np
 
+from onnx_modular.check.calls import CallRecord
 from onnx_modular.check.numerics import abs_errors, json_float
+from onnx_modular.check.report import fmt_err
 
 #: Upper edges of the absolute-error histogram's buckets (decades); the last is open.
 HIST_EDGES: tuple[float, ...] = (1e-8, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
@@ -42,13 +43,10 @@ def abs_error_histogram(actual: np.ndarray, expected: np.ndarray) -> list[int]:
 
 
 @dataclasses.dataclass
-class CallError:
+class CallError(CallRecord):
     """One module call's outputs against torch's: every compared output rolled into one."""
 
     order: int  # the call's index in torch's execution order
-    call_id: str
-    module_path: str
-    module_type: str
     depth: int
     parent: int | None  # ``order`` of the enclosing call
     max_abs: float
@@ -91,10 +89,6 @@ class Stack:
 
 def _short(type_name: str) -> str:
     return type_name.rsplit(".", 1)[-1]
-
-
-def fmt(x: float) -> str:
-    return f"{x:.3g}" if math.isfinite(x) else str(x)
 
 
 def find_stack(errors: list[CallError], focus: str | None = None) -> Stack | None:
@@ -141,49 +135,36 @@ def _summary(calls: list[CallError], first_bad: int | None, jump: int | None) ->
     n, kind = len(calls), _short(calls[0].module_type)
     if first_bad is None and jump is None:
         worst = max(c.max_abs for c in calls)
-        return f"all {n} {kind} calls stay within tolerance (max abs err <= {fmt(worst)})"
+        return f"all {n} {kind} calls stay within tolerance (max abs err <= {fmt_err(worst)})"
     at = first_bad if first_bad is not None else jump
     assert at is not None
     bad = calls[at]
     if first_bad is not None:
         text = (f"{bad.call_id} ({kind} {at + 1} of {n}) first exceeds tolerance "
-                f"(max abs err {fmt(bad.max_abs)})")
+                f"(max abs err {fmt_err(bad.max_abs)})")
         if at:
             before = max(c.max_abs for c in calls[:at])
             them = "the one before stays" if at == 1 else f"the {at} before stay"
-            text += f"; {them} within it (<= {fmt(before)})"
+            text += f"; {them} within it (<= {fmt_err(before)})"
     else:
         before = max(c.max_abs for c in calls[:at])
         text = (f"all {n} {kind} calls stay within tolerance, but the error leaps at "
-                f"{bad.call_id} ({kind} {at + 1} of {n}) from <= {fmt(before)} to "
-                f"{fmt(bad.max_abs)}")
+                f"{bad.call_id} ({kind} {at + 1} of {n}) from <= {fmt_err(before)} to "
+                f"{fmt_err(bad.max_abs)}")
     rest = calls[at + 1:]
     if rest:
         span = (rest[0].call_id if len(rest) == 1
                 else f"{rest[0].call_id} ... {rest[-1].call_id}")
         start, end = rest[0].max_abs, rest[-1].max_abs
         if len(rest) == 1:
-            text += f"; {span} is at {fmt(start)}"
+            text += f"; {span} is at {fmt_err(start)}"
         elif end > 2 * start:
-            text += f"; {span} grow from {fmt(start)} to {fmt(end)}"
+            text += f"; {span} grow from {fmt_err(start)} to {fmt_err(end)}"
         elif start > 2 * end:
-            text += f"; {span} fall from {fmt(start)} to {fmt(end)}"
+            text += f"; {span} fall from {fmt_err(start)} to {fmt_err(end)}"
         else:
-            text += f"; {span} stay near {fmt(max(start, end))}"
+            text += f"; {span} stay near {fmt_err(max(start, end))}"
         still_ok = sum(c.ok for c in rest)
         if still_ok and first_bad is not None:
             text += f" ({still_ok} of them within tolerance)"
     return text
-
-
-_BARS = " ▁▂▃▄▅▆▇█"
-
-
-def sparkline(histogram: list[int]) -> str:
-    """The histogram as one bar per decade, log-scaled counts (fits a table cell)."""
-    top = max(histogram, default=0)
-    if top == 0:
-        return ""
-    scale = math.log1p(top)
-    return "".join(_BARS[0] if c == 0 else _BARS[max(1, round(math.log1p(c) / scale * 8))]
-                   for c in histogram)

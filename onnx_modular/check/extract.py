@@ -15,7 +15,7 @@ model. :func:`extract` writes, for one call of a validated model:
 - ``README.md``: the one-line ``compare-io`` command, plain onnxruntime code, and the error
   measured in the full model and on the module alone.
 
-Everything comes from the localization's evidence (:class:`~onnx_modular.check.localize.
+Everything comes from the localization's evidence (:class:`~onnx_modular.check.judge.
 Evidence`): no re-export and, for the first mismatch, no second torch run.
 """
 
@@ -47,7 +47,7 @@ from onnx_modular._io import (
 )
 from onnx_modular.check.call_stats import CallError
 from onnx_modular.check.compare_io import IOReport, compare_io, npz_bytes
-from onnx_modular.check.localize import Evidence, Localization, OnnxCall, TorchCall
+from onnx_modular.check.judge import Evidence, Localization
 from onnx_modular.check.numerics import (
     check_value,
     dtype_name,
@@ -55,6 +55,8 @@ from onnx_modular.check.numerics import (
     to_numpy,
     tolerances_for,
 )
+from onnx_modular.check.probe import OnnxCall
+from onnx_modular.check.recorder import TorchCall
 from onnx_modular.check.report import fmt_err
 from onnx_modular.errors import fail, rules
 from onnx_modular.parts.manifest import restore_interrupted_swap, swap_in

@@ -23,7 +23,8 @@ import math
 from typing import Any
 
 from onnx_modular.check.call_stats import CallError
-from onnx_modular.check.localize import Localization, node_id
+from onnx_modular.check.judge import Localization
+from onnx_modular.check.probe import node_id
 
 #: Zero error has no logarithm: it shows as this many decades.
 FLOOR = -12.0

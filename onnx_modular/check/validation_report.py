@@ -2,26 +2,29 @@
 
 Data (what was checked, how far off) and its renderings (rich tables, Markdown, JSON) in one
 place, apart from the checking, so the command line and notebooks print the same thing.
+The work a report can start (localizing later, extracting a call, the overlay) is done by
+:mod:`~onnx_modular.check.localize`, :mod:`~onnx_modular.check.extract` and
+:mod:`~onnx_modular.check.overlay`; the methods here hand it the report's data.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
+import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from onnx_modular._io import atomic_write_text
-from onnx_modular.check.call_stats import HIST_LABELS, CallError, sparkline
+from onnx_modular.check.call_stats import HIST_LABELS, CallError
+from onnx_modular.check.extract import Extraction, extract
+from onnx_modular.check.judge import Localization
+from onnx_modular.check.localize import ValidationRun, localize
 from onnx_modular.check.outcome import OutputCheck, ProviderResult
+from onnx_modular.check.overlay import node_data
 from onnx_modular.check.report import Report, fmt_err, fmt_tol, md_table
 from onnx_modular.errors import fail
 from onnx_modular.runtime import LoadedModel, short_provider
-
-if TYPE_CHECKING:
-    from onnx_modular.check.extract import Extraction
-    from onnx_modular.check.localize import Localization
 
 __all__ = ["OutputCheck", "ProviderResult", "ValidationReport"]
 
@@ -37,11 +40,8 @@ class ValidationReport(Report):
     localization_provider: str | None = None
     #: default providers that were not checked, with the reason (e.g. no CUDA here)
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)
-    #: the ONNX model checked (extraction takes the weights from it)
-    source: LoadedModel | None = dataclasses.field(default=None, repr=False, compare=False)
-    #: localizes now, for a report that did not (extracting from a model that matched)
-    relocalize: Callable[[], Localization] | None = dataclasses.field(
-        default=None, repr=False, compare=False)
+    #: what was run, to localize later (a report that did not, extracting a call)
+    run: ValidationRun | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -52,6 +52,11 @@ class ValidationReport(Report):
         """Module path of the first (deepest) diverging module call, or None."""
         loc = self.localization
         return loc.first.module_path if loc is not None and loc.first is not None else None
+
+    @property
+    def source(self) -> LoadedModel | None:
+        """The ONNX model checked (extraction takes the weights from it)."""
+        return self.run.loaded if self.run is not None else None
 
     @property
     def providers(self) -> list[str]:
@@ -71,6 +76,22 @@ class ValidationReport(Report):
 
     # -- repro and overlay ------------------------------------------------------------------
 
+    def relocalize(self) -> Localization:
+        """Localize now, on the provider that failed first (else the last one checked): a
+        report that did not localize, or let its values go."""
+        if self.run is None:
+            raise fail("this report has no model to localize")
+        self.localization = localize(self.run)
+        self.localization_provider = self.run.provider
+        return self.localization
+
+    def _evidence(self) -> Localization | None:
+        """The localization with its values, localizing now if they are not kept."""
+        localization = self.localization
+        if localization is not None and localization.evidence is not None:
+            return localization
+        return self.relocalize() if self.run is not None else None
+
     def extract(self, directory: str | Path, call: str | None = None) -> Extraction:
         """Write a repro of one module call into ``directory``: ``module.onnx`` (that call
         alone), ``inputs.npz`` (what reached it in torch), ``expected.npz`` (torch's
@@ -80,17 +101,12 @@ class ValidationReport(Report):
         default the first mismatch. A report that did not localize (everything matched)
         localizes first, so a healthy call can be extracted to compare.
         """
-        from onnx_modular.check.extract import extract
-
-        if self.source is None or (self.localization is None and self.relocalize is None):
+        if self.run is None:
             raise fail("this report has no model to extract from")
-        localization = self.localization
-        if localization is None or localization.evidence is None:
-            if self.relocalize is None:
-                raise fail("this report kept no localization to extract from")
-            localization = self.relocalize()
-        assert self.localization_provider is not None
-        return extract(localization, self.source, self.localization_provider, directory, call)
+        localization = self._evidence()
+        assert localization is not None and self.localization_provider is not None
+        return extract(localization, self.run.loaded, self.localization_provider, directory,
+                       call)
 
     def release(self) -> None:
         """Let go of the tensors the localization kept for :meth:`extract` and the overlay
@@ -100,14 +116,8 @@ class ValidationReport(Report):
 
     def node_data(self) -> dict[str, Any]:
         """The errors as Model Explorer node data (see :mod:`onnx_modular.check.overlay`)."""
-        from onnx_modular.check.overlay import node_data
-
-        localization = self.localization
-        if localization is None or localization.evidence is None:
-            if self.relocalize is None:
-                return {}
-            localization = self.relocalize()
-        return node_data(localization)
+        localization = self._evidence()
+        return node_data(localization) if localization is not None else {}
 
     def save(self, path: str | Path, format: str | None = None) -> None:
         """Write ``.json`` (``to_dict``), ``.md`` or ``.html``, atomically; with
@@ -276,3 +286,15 @@ class ValidationReport(Report):
         lines += [*md_table(self._ERR_HEAD, rows), "", "</details>"]
         return lines
 
+
+_BARS = " ▁▂▃▄▅▆▇█"
+
+
+def sparkline(histogram: list[int]) -> str:
+    """The histogram as one bar per decade, log-scaled counts (fits a table cell)."""
+    top = max(histogram, default=0)
+    if top == 0:
+        return ""
+    scale = math.log1p(top)
+    return "".join(_BARS[0] if c == 0 else _BARS[max(1, round(math.log1p(c) / scale * 8))]
+                   for c in histogram)

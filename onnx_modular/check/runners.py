@@ -1,0 +1,188 @@
+"""Runners: one shape for everything a check runs, as Polygraphy's run-then-compare has it.
+
+A runner has a ``name`` and turns one set of :class:`Inputs` into the model's outputs,
+flat and timed (:class:`Outputs`): torch eager (the reference, optionally recording every
+module call), one ONNX Runtime session (a provider, a localization probe), and chained part
+models (:class:`~onnx_modular.parts.runner.SplitRunner`). ``validate``, ``compare`` and
+``compare-io`` run through them and judge what comes back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from types import TracebackType
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from onnx_modular import runtime
+from onnx_modular._checkpoint import Checkpoint, bound_weights
+from onnx_modular._compat import tree_leaves, tree_map
+from onnx_modular.check.recorder import TorchCall, record_calls
+from onnx_modular.diagnostics import OnnxModularError
+from onnx_modular.errors import fail
+from onnx_modular.parts.runner import SplitRunner
+
+__all__ = ["Inputs", "Outputs", "PartsRunner", "Runner", "SessionRunner", "TorchRunner",
+           "snapshot"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """One set of inputs in the two forms runners read: the torch call's ``args`` and
+    ``kwargs`` (torch, chained parts), and ``feeds`` by ONNX input name (sessions)."""
+
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    feeds: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class Outputs:
+    """A run's outputs, flat in the model's output order, and how long the run took."""
+
+    values: list[Any]
+    seconds: float
+
+
+class Runner(Protocol):
+    """Anything a check runs: a name to report, and one run on one set of inputs."""
+
+    name: str
+
+    def run(self, inputs: Inputs) -> Outputs: ...
+
+
+def snapshot(value: Any) -> Any:
+    """``value`` with every tensor in it copied (a pytree of inputs)."""
+    return tree_map(lambda x: x.detach().clone() if isinstance(x, torch.Tensor) else x, value)
+
+
+class TorchRunner:
+    """Torch eager, the reference: a module, an ``ExportedProgram`` or a plain callable.
+
+    Each run reads a fresh copy of the inputs (a forward that changes them in place must not
+    change what a second run sees); ``weights``, the checkpoint of a model on the meta
+    device, is bound only while a run lasts. A failure of the model is a one-line error.
+    """
+
+    name = "torch"
+
+    def __init__(self, model: Any, weights: Checkpoint | None = None) -> None:
+        self.model = model
+        self.weights = weights
+
+    def run(self, inputs: Inputs) -> Outputs:
+        outputs, _ = self.run_recording(inputs, record=False)
+        return outputs
+
+    def run_recording(self, inputs: Inputs, record: bool = True
+                      ) -> tuple[Outputs, list[TorchCall] | None]:
+        """The outputs and, with ``record``, every module call (None where the model has
+        no submodules to watch: a plain callable, a program that cannot be modularized)."""
+        start = time.perf_counter()
+        with bound_weights(self.model, self.weights):
+            values, calls = self._eager(inputs, record)
+        return Outputs(values, time.perf_counter() - start), calls
+
+    def _target(self, record: bool) -> tuple[Any, bool, bool]:
+        """(what to call, whether it is modularized, whether to record)."""
+        from onnx_modular.passes.modularize import modularize
+
+        model = self.model
+        if not isinstance(model, (torch.nn.Module, torch.export.ExportedProgram)):
+            return model, False, False  # a plain callable has no submodules to watch
+        if not isinstance(model, torch.export.ExportedProgram):
+            return model, False, record
+        if record:
+            try:
+                return modularize(model), True, True
+            except Exception:  # localization is best effort; the reference still runs
+                pass
+        return model.module(), False, False
+
+    def _eager(self, inputs: Inputs, record: bool
+               ) -> tuple[list[torch.Tensor], list[TorchCall] | None]:
+        target, modularized, record = self._target(record)
+        args, kwargs = snapshot(inputs.args), snapshot(inputs.kwargs)
+        calls = None
+        with torch.no_grad():
+            try:
+                if record:
+                    out, calls = record_calls(target, lambda: target(*args, **kwargs),
+                                              modularized=modularized)
+                else:
+                    out = target(*args, **kwargs)
+            except OnnxModularError:
+                raise
+            except Exception as exc:
+                raise fail(f"the torch model failed on the given inputs: "
+                           f"{type(exc).__name__}: {runtime.first_line(exc)}") from exc
+        return [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)], calls
+
+
+class SessionRunner:
+    """One ONNX Runtime session, named after its provider; as a context manager it lets the
+    session go on exit, so one model's weights leave before the next session's come.
+
+    ``output_names``: the outputs to fetch (None: all of them, in the model's order).
+    """
+
+    def __init__(self, session: Any, name: str, session_s: float = 0.0,
+                 output_names: list[str] | None = None) -> None:
+        self.session: Any = session
+        self.name = name
+        self.session_s = session_s  # how long making the session took
+        self.fetch = output_names
+
+    @classmethod
+    def open(cls, loaded: runtime.LoadedModel, provider: str, source: str | bytes | None = None,
+             config: dict[str, str] | None = None, fuse: bool = True,
+             output_names: list[str] | None = None) -> SessionRunner:
+        """A session made for one check of ``loaded`` (or of ``source``, a probe derived
+        from it) by :func:`onnx_modular.runtime.check_session`."""
+        session, seconds = runtime.check_session(
+            loaded, loaded.session_source() if source is None else source, provider, config,
+            fuse=fuse)
+        return cls(session, provider, seconds, output_names)
+
+    @property
+    def input_names(self) -> list[str]:
+        return [i.name for i in self.session.get_inputs()]
+
+    @property
+    def output_names(self) -> list[str]:
+        """The names of what :meth:`run` returns, in order."""
+        if self.fetch is not None:
+            return list(self.fetch)
+        return [o.name for o in self.session.get_outputs()]
+
+    def run(self, inputs: Inputs) -> Outputs:
+        values, seconds = runtime.run_session(self.session, inputs.feeds, self.fetch)
+        return Outputs(values, seconds)
+
+    def close(self) -> None:
+        self.session = None
+
+    def __enter__(self) -> SessionRunner:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self.close()
+
+
+class PartsRunner:
+    """Part models chained by a :class:`SplitRunner` (split regions or pipeline stages),
+    read by position as the torch model's inputs; outputs come back flat."""
+
+    def __init__(self, parts: SplitRunner, name: str = "parts") -> None:
+        self.parts = parts
+        self.name = name
+
+    def run(self, inputs: Inputs) -> Outputs:
+        start = time.perf_counter()
+        out = self.parts.run(*inputs.args, **inputs.kwargs)
+        return Outputs(list(tree_leaves(out)), time.perf_counter() - start)
