@@ -24,6 +24,7 @@ from onnx_modular.check.compare_report import CompareReport, ModelFacts, OutputD
 from onnx_modular.check.inputs import declared_inputs, index_ranges, input_signature, random_inputs
 from onnx_modular.check.inputs import feeds as bind_feeds
 from onnx_modular.check.numerics import check_tolerances, check_value
+from onnx_modular.check.runners import Inputs, SessionRunner
 from onnx_modular.diagnostics import OnnxModularError
 from onnx_modular.emit.canonical import structural_key
 from onnx_modular.errors import fail
@@ -127,17 +128,15 @@ def compare(a: Any, b: Any, inputs: Any = None, *, kwargs: dict[str, Any] | None
         del ma, mb
         values = []
         for which, loaded, facts in (("a", la, fa), ("b", lb, fb)):
-            session, facts.session_s = runtime.check_session(loaded, loaded.session_source(),
-                                                             chosen)
-            names = [i.name for i in session.get_inputs()]
-            feed = dict(zip(names, given.values(), strict=True))
-            try:
-                out, facts.run_s = runtime.run_session(session, feed)
-            except OnnxModularError as exc:
-                raise fail(f"model {which} ({loaded.label}): "
-                           f"{exc.diagnostic.message}") from exc
-            del session  # its weights go before the other model's come
-            values.append(out)
+            with SessionRunner.open(loaded, chosen) as session:  # one model's weights at a time
+                feed = dict(zip(session.input_names, given.values(), strict=True))
+                try:
+                    out = session.run(Inputs(feeds=feed))
+                except OnnxModularError as exc:
+                    raise fail(f"model {which} ({loaded.label}): "
+                               f"{exc.diagnostic.message}") from exc
+            facts.session_s, facts.run_s = session.session_s, out.seconds
+            values.append(out.values)
         for i, (x, y) in enumerate(zip(*values, strict=True)):
             c = check_value(y, x, rtol, atol)
             diffs.append(OutputDiff(i, outs_a[i], outs_b[i], c.dtype, c.rtol, c.atol, c.diff))

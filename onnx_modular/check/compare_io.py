@@ -3,12 +3,12 @@
 The other half of an extracted repro (:mod:`onnx_modular.check.extract`): anyone with the
 three files and onnxruntime can see the mismatch, without the torch model. Inputs and
 expected outputs are ``.npz`` files keyed by the model's input and output names; values
-are judged as ``validate`` judges them (:mod:`onnx_modular.check.numerics`).
+are judged as ``validate`` judges them (:mod:`onnx_modular.check.numerics`); the report is
+rendered by :mod:`onnx_modular.check.io_report`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import math
 import zipfile
@@ -21,9 +21,10 @@ import numpy as np
 from onnx_modular import runtime
 from onnx_modular._util import check_allocation
 from onnx_modular.check.inputs import declared_inputs
+from onnx_modular.check.io_report import IOReport
 from onnx_modular.check.numerics import check_value, dtype_name, onnx_elem_name, tolerances_for
 from onnx_modular.check.outcome import OutputCheck, ProviderResult
-from onnx_modular.check.report import Report, fmt_err, fmt_tol, md_table
+from onnx_modular.check.runners import Inputs, SessionRunner
 from onnx_modular.errors import fail
 
 __all__ = ["IOReport", "compare_io", "load_npz", "npz_bytes"]
@@ -126,83 +127,6 @@ def _tolerances(got: np.ndarray, want: np.ndarray, rtol: float | None,
             max(a for _, a in pairs) if atol is None else atol)
 
 
-@dataclasses.dataclass
-class IOReport(Report):
-    """The model's outputs on saved inputs against saved expected outputs, per provider."""
-
-    model: str
-    results: list[ProviderResult]
-    not_compared: list[str] = dataclasses.field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return all(r.ok for r in self.results)
-
-    @property
-    def max_abs(self) -> float:
-        return max((o.diff.max_abs for r in self.results for o in r.outputs), default=0.0)
-
-    @property
-    def max_rel(self) -> float:
-        return max((o.diff.max_rel for r in self.results for o in r.outputs), default=0.0)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "ok": self.ok,
-                "providers": {r.provider: r.to_dict() for r in self.results},
-                "not_compared": list(self.not_compared)}
-
-    _HEAD = ["EP", "output", "shape", "dtype", "abs err", "rel err", "rtol/atol", "status",
-             "note"]
-
-    def _rows(self) -> list[list[str]]:
-        """One row per output; the note (NaN/inf not matched, complex...) only when one
-        output has one."""
-        rows = [[runtime.short_provider(r.provider), o.name,
-                 "x".join(map(str, o.shape)) or "()", o.dtype, fmt_err(o.diff.max_abs),
-                 fmt_err(o.diff.max_rel), f"{fmt_tol(o.rtol)}/{fmt_tol(o.atol)}",
-                 "ok" if o.ok else "FAIL", o.diff.note]
-                for r in self.results for o in r.outputs]
-        return rows if any(row[-1] for row in rows) else [row[:-1] for row in rows]
-
-    def _head(self, rows: list[list[str]]) -> list[str]:
-        return self._HEAD[:len(rows[0])] if rows else self._HEAD[:-1]
-
-    def summary(self) -> str:
-        where = ", ".join(runtime.short_provider(r.provider) for r in self.results)
-        if self.ok:
-            return f"MATCH: {self.model} reproduces the expected outputs on {where}"
-        return (f"MISMATCH: {self.model} differs from the expected outputs on {where} "
-                f"(max abs err {fmt_err(self.max_abs)}, max rel err {fmt_err(self.max_rel)})")
-
-    def __rich__(self) -> Any:
-        from rich.console import Group
-        from rich.table import Table
-        from rich.text import Text
-
-        table = Table(title="ONNX Runtime vs expected outputs", title_justify="left")
-        rows = self._rows()
-        for h in self._head(rows):
-            table.add_column(h, justify="right" if "err" in h else "left")
-        for row in rows:
-            # names and notes come from the files: plain Text, never markup
-            table.add_row(*map(Text, row[:7]), Text(row[7], style="green" if row[7] == "ok"
-                                                    else "bold red"), *map(Text, row[8:]))
-        parts: list[Any] = [table]
-        if self.not_compared:
-            parts.append(Text(f"not compared (no expected value): "
-                              f"{', '.join(self.not_compared)}", style="yellow"))
-        parts.append(Text(self.summary(), style="green" if self.ok else "bold red"))
-        return Group(*parts)
-
-    def to_markdown(self) -> str:
-        lines = [f"# compare-io: {self.model}", "", f"**{self.summary()}**", ""]
-        rows = self._rows()
-        lines += md_table(self._head(rows), rows)
-        if self.not_compared:
-            lines += ["", f"Not compared: {', '.join(self.not_compared)}"]
-        return "\n".join(lines) + "\n"
-
-
 def compare_io(model: Any, inputs: str | Path | Mapping[str, np.ndarray],
                expected: str | Path | Mapping[str, np.ndarray], *,
                providers: str | Sequence[str] | None = None, rtol: float | None = None,
@@ -240,15 +164,14 @@ def compare_io(model: Any, inputs: str | Path | Mapping[str, np.ndarray],
     compared = [n for n in output_names if n in wanted]
     results = []
     for provider in runtime.resolve_providers(providers):
-        session, session_s = runtime.check_session(loaded, loaded.session_source(), provider,
-                                                   loaded.session_config())
-        actual, run_s = runtime.run_session(session, feeds, compared)
-        del session
+        with SessionRunner.open(loaded, provider, config=loaded.session_config(),
+                                output_names=compared) as session:
+            actual = session.run(Inputs(feeds=feeds))
         checks = []
-        for name, got in zip(compared, actual, strict=True):
+        for name, got in zip(compared, actual.values, strict=True):
             want = np.asarray(wanted[name])
             r, a = _tolerances(got, want, rtol, atol)
             c = check_value(got, want, r, a, same_dtype=False)
             checks.append(OutputCheck.of(name, list(want.shape), c))
-        results.append(ProviderResult(provider, checks, session_s, run_s))
+        results.append(ProviderResult(provider, checks, session.session_s, actual.seconds))
     return IOReport(loaded.label, results, [n for n in output_names if n not in wanted])
