@@ -46,7 +46,8 @@ from onnx_modular._io import (
     save_model,
 )
 from onnx_modular.check.call_stats import CallError
-from onnx_modular.check.compare_io import IOReport, compare_io, npz_bytes
+from onnx_modular.check.compare_io import compare_io, npz_bytes
+from onnx_modular.check.io_report import IOReport
 from onnx_modular.check.judge import Evidence, Localization
 from onnx_modular.check.numerics import (
     check_value,
