@@ -108,7 +108,8 @@ def calling(functions: Sequence[ir.Function], shape: Sequence[int] = (2, 4)) -> 
     for i, f in enumerate(functions):
         nodes.append(ir.node(f.name, [nodes[-1].outputs[0] if nodes else x], domain=f.domain,
                              name=f"call_{i}"))
-    nodes[-1].outputs[0].name = "y"
+    y = nodes[-1].outputs[0]
+    y.name, y.type, y.shape = "y", FLOAT, ir.Shape(shape)
     domains = {f.domain: 1 for f in functions}
     return model([x], nodes[-1].outputs, nodes, functions=functions,
                  opsets={"": OPSET, **domains})
