@@ -110,7 +110,7 @@ def test_random_inputs_fit_the_declared_types_and_shapes() -> None:
     np.testing.assert_array_equal(made["x"], again["x"])  # seeded
 
 
-def test_one_symbol_one_size_and_expressions_are_evaluated() -> None:
+def test_symbols_take_the_default_size_and_expressions_are_evaluated() -> None:
     a = helper.make_tensor_value_info("a", TensorProto.FLOAT, ["s0", "s0 + 1", "2*s0"])
     made = random_inputs(_proto(a))
     assert made["a"].shape == (DEFAULT_DIM, DEFAULT_DIM + 1, 2 * DEFAULT_DIM)

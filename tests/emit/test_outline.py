@@ -190,6 +190,12 @@ def test_equal_bodies_of_one_class_merge_and_calls_follow() -> None:
     np.testing.assert_array_equal(run(m, x=X)[0], np.maximum(X, 0))
 
 
+def test_the_count_is_of_functions_merged_away() -> None:
+    m = calling([function(f"Block{suffix}", ["Relu"]) for suffix in ("", "_1", "_2")])
+    assert merge_equal_functions(m) == 2
+    assert merge_equal_functions(m) == 0  # nothing left to merge
+
+
 def test_bodies_differing_only_in_shapes_merge_and_lose_their_types() -> None:
     first = function("Block", ["Relu"], shape=(2, 4))
     second = function("Block_1", ["Relu"], shape=(3, 4))
