@@ -1,0 +1,168 @@
+"""emit/optimize (and emit/hold): weight folding before outlining, the optimizer after,
+initializer clean-up."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from onnx_modular._weights import StridedTensor
+from onnx_modular.emit.optimize import (
+    SMALL_CONSTANT,
+    collapse_reshapes,
+    finish_inlined,
+    fold_weights,
+    optimize,
+    remove_unused_initializers,
+)
+
+from .graphs import OPSET, call, function, fx, model, run, value, weight
+
+X = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
+
+
+def _transposed(shape: tuple[int, int]) -> ir.Model:
+    """``y = x @ Transpose(w)``: the transpose of weight ``w`` folds."""
+    x, w = value("x", (2, shape[1])), weight("w", shape)
+    t = fx("Transpose", [w], "t", shape[::-1], perm=[1, 0])
+    mm = fx("MatMul", [x, t.outputs[0]], "y", (2, shape[0]))
+    return model([x], mm.outputs, [t, mm], [w])
+
+
+def test_a_folded_weight_stays_an_initializer_however_small() -> None:
+    m = _transposed((3, 4))
+    expected = run(m, x=X)[0]
+    fold_weights(m, {"w"})
+    assert [n.op_type for n in m.graph] == ["MatMul"]
+    assert m.graph.node(0).inputs[1].is_initializer()
+    np.testing.assert_allclose(run(m, x=X)[0], expected, rtol=1e-6)
+
+
+def test_a_small_folded_constant_goes_back_into_the_graph_as_a_node() -> None:
+    m = _transposed((3, 4))  # 12 elements, and "w" is not named a weight
+    fold_weights(m, frozenset())
+    assert [n.op_type for n in m.graph] == ["Constant", "MatMul"]
+    assert not m.graph.initializers
+
+
+def test_a_large_folded_constant_stays_an_initializer_unless_splat() -> None:
+    assert SMALL_CONSTANT < 5 * 4
+    m = _transposed((5, 4))
+    fold_weights(m, frozenset())
+    assert [n.op_type for n in m.graph] == ["MatMul"] and len(m.graph.initializers) == 1
+    splat = _transposed((5, 4))
+    splat.graph.initializers["w"].const_value = ir.tensor(np.zeros((5, 4), np.float32),
+                                                          name="w")
+    fold_weights(splat, frozenset())
+    assert [n.op_type for n in splat.graph] == ["Constant", "MatMul"]
+
+
+def test_a_folded_view_is_written_in_blocks() -> None:
+    m = _transposed((5, 4))
+    fold_weights(m, {"w"})
+    (folded,) = m.graph.initializers.values()
+    tensor = folded.const_value
+    assert not tensor.raw.flags.c_contiguous  # the transpose of w, a view
+    assert isinstance(tensor, StridedTensor)
+
+
+def test_a_value_computed_from_a_weight_is_a_weight_too() -> None:
+    """``1 + weight`` (an RMSNorm's scale): small, but baked into a body it would make every
+    layer a function of its own."""
+    x, w = value("x"), weight("norm.weight", (4,))
+    one = ir.node("Constant", [], attributes={"value": ir.tensor(np.float32(1.0))})
+    scale = fx("Add", [w, one.outputs[0]], "scale", (4,))
+    y = fx("Mul", [x, scale.outputs[0]], "y")
+    m = model([x], y.outputs, [one, scale, y], [w])
+    fold_weights(m, {"norm.weight"})
+    assert [n.op_type for n in m.graph] == ["Mul"]
+    assert "scale" in m.graph.initializers
+
+
+def test_an_input_constant_in_only_some_calls_of_a_class_is_held() -> None:
+    """``layers.0`` reads a computed constant where ``layers.1`` reads an activation: held,
+    it stays a call input, so both calls keep one body."""
+    def build() -> tuple[ir.Model, list[tuple]]:
+        x = value("x")
+        c = ir.node("Constant", [], attributes={"value": ir.tensor(np.ones((2, 4),
+                                                                          np.float32))})
+        start = fx("Neg", [c.outputs[0]], "start")
+        a0 = fx("Add", [start.outputs[0], x], "a0")
+        a1 = fx("Add", [a0.outputs[0], x], "a1")
+        m = model([x], a1.outputs, [c, start, a0, a1])
+        per_node = [(), (), (call("layers.0"),), (call("layers.1"),)]
+        return m, per_node
+
+    held, per_node = build()
+    fold_weights(held, frozenset(), per_node)
+    assert "start" in held.graph.initializers
+    assert all(n.domain == "" for n in held.graph)  # no hold is left behind
+    np.testing.assert_array_equal(run(held, x=X)[0], X - 1 + X)
+    plain, _ = build()
+    fold_weights(plain, frozenset())
+    assert "start" not in plain.graph.initializers  # a Constant node, baked into layers.0
+
+
+def test_collapse_reshapes_inside_function_bodies() -> None:
+    def body(target: list[int]) -> ir.Model:
+        f = function("F", ["Identity"], shape=(2, 4))
+        graph = f.graph
+        x = graph.inputs[0]
+        a = ir.node("Constant", [], attributes={"value": ir.tensor(np.array([8], np.int64))})
+        b = ir.node("Constant", [], attributes={"value": ir.tensor(np.array(target,
+                                                                            np.int64))})
+        inner = ir.node("Reshape", [x, a.outputs[0]])
+        outer = ir.node("Reshape", [inner.outputs[0], b.outputs[0]])
+        for node in list(graph):
+            graph.remove(node, safe=False)
+        graph.extend([a, b, inner, outer])
+        graph.outputs[0] = outer.outputs[0]
+        m = model([value("x")], [], [], functions=[f], opsets={"": OPSET, "pkg": 1})
+        caller = ir.node("F", [m.graph.inputs[0]], domain="pkg")
+        m.graph.append(caller)
+        m.graph.outputs.append(caller.outputs[0])
+        return m
+
+    m = body([4, 2])
+    assert collapse_reshapes(m) == 1
+    f = next(iter(m.functions.values()))
+    assert [n.op_type for n in f if n.op_type == "Reshape"] == ["Reshape"]
+    np.testing.assert_array_equal(run(m, x=X)[0], X.reshape(4, 2))
+    assert collapse_reshapes(body([0, 2])) == 0  # a 0 copies the intermediate shape
+
+
+def test_optimize_removes_dead_code_and_unused_weights() -> None:
+    x, w, unused = value("x"), weight("w"), weight("unused", seed=3)
+    ident = fx("Identity", [x], "i")
+    mm = fx("MatMul", [ident.outputs[0], w], "y")
+    dead = fx("Neg", [x], "dead")
+    m = model([x], mm.outputs, [ident, mm, dead], [w, unused])
+    expected = run(m, x=X)[0]
+    optimize(m)
+    assert [n.op_type for n in m.graph] == ["MatMul"]
+    assert list(m.graph.initializers) == ["w"]
+    np.testing.assert_allclose(run(m, x=X)[0], expected, rtol=1e-6)
+
+
+def test_remove_unused_initializers_keeps_graph_outputs() -> None:
+    x, w, out = value("x"), weight("w"), weight("returned", seed=2)
+    y = fx("MatMul", [x, w], "y")
+    m = model([x], [*y.outputs, out], [y], [w, out, weight("gone", seed=4)])
+    remove_unused_initializers(m.graph)
+    assert sorted(m.graph.initializers) == ["returned", "w"]
+
+
+def test_finish_inlined_shares_one_initializer_per_constant_value() -> None:
+    x = value("x")
+    nodes: list[ir.Node] = []
+    current = x
+    for i in range(3):
+        c = ir.node("Constant", [], attributes={"value": ir.tensor(np.float32(2.0))})
+        mul = fx("Mul", [current, c.outputs[0]], f"m{i}")
+        nodes += [c, mul]
+        current = mul.outputs[0]
+    m = model([x], [current], nodes)
+    finish_inlined(m)
+    assert [n.op_type for n in m.graph] == ["Mul"] * 3
+    assert len(m.graph.initializers) == 1
+    np.testing.assert_array_equal(run(m, x=X)[0], X * 8)

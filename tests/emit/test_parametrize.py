@@ -1,0 +1,73 @@
+"""emit/parametrize: bodies of one class that differ only in float scalars become one
+function with attributes, each call setting its own values."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from onnx_modular.emit.outline import merge_equal_functions
+from onnx_modular.emit.parametrize import merge_scalar_variants
+
+from .graphs import OPSET, calling, run, value
+
+X = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
+
+
+def _celu(name: str, alpha: float, scale: float, doc: str = "pkg.CELU") -> ir.Function:
+    """``Celu(x, alpha) * scale``, the scale a one-element Constant."""
+    x = value("x")
+    c = ir.node("Constant", [], attributes={"value": ir.tensor(np.array(scale, np.float32))})
+    celu = ir.node("Celu", [x], attributes={"alpha": alpha})
+    mul = ir.node("Mul", [celu.outputs[0], c.outputs[0]])
+    graph = ir.Graph([x], mul.outputs, nodes=[c, celu, mul], opset_imports={"": OPSET},
+                     name=name)
+    function = ir.Function("pkg", name, graph=graph, attributes=[])
+    function.doc_string = doc
+    return function
+
+
+def _celu_reference(x: np.ndarray, alpha: float, scale: float) -> np.ndarray:
+    return (np.maximum(0, x) + np.minimum(0, alpha * (np.exp(x / alpha) - 1))) * scale
+
+
+def test_scalar_variants_become_one_parametrized_function() -> None:
+    m = calling([_celu("CELU", 1.0, 2.0), _celu("CELU_1", 0.5, 3.0)])
+    merged = merge_scalar_variants(m)
+    assert [(gone.name, kept.name) for gone, kept in merged] == [("CELU_1", "CELU")]
+    (kept,) = m.functions.values()
+    assert sorted(kept.attributes) == ["alpha", "scalar"]
+    celu = next(n for n in kept if n.op_type == "Celu")
+    assert celu.attributes["alpha"].is_ref()
+    first, second = m.graph
+    assert first.op_type == second.op_type == "CELU"
+    assert first.attributes["alpha"].value == 1.0
+    assert second.attributes["alpha"].value == 0.5
+    np.testing.assert_allclose(second.attributes["scalar"].value.numpy(), 3.0)
+    onnx.checker.check_model(ir.serde.serialize_model(m), full_check=True)
+    expected = _celu_reference(_celu_reference(X, 1.0, 2.0), 0.5, 3.0)
+    np.testing.assert_allclose(run(m, x=X)[0], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_other_classes_and_other_structures_are_not_parametrized() -> None:
+    other_class = calling([_celu("CELU", 1.0, 2.0), _celu("Act", 0.5, 3.0, doc="pkg.Act")])
+    assert merge_scalar_variants(other_class) == []
+    relu = _celu("CELU_1", 0.5, 3.0)
+    celu_node = next(n for n in relu if n.op_type == "Celu")
+    celu_node.op_type = "Elu"
+    assert merge_scalar_variants(calling([_celu("CELU", 1.0, 2.0), relu])) == []
+
+
+def test_equal_bodies_are_left_to_the_plain_merge() -> None:
+    m = calling([_celu("CELU", 1.0, 2.0), _celu("CELU_1", 1.0, 2.0)])
+    assert merge_scalar_variants(m) == []
+    assert merge_equal_functions(m) == 1
+    assert not next(iter(m.functions.values())).attributes
+
+
+def test_merge_equal_functions_falls_back_to_parametrizing() -> None:
+    m = calling([_celu("CELU", 1.0, 2.0), _celu("CELU_1", 0.5, 3.0), _celu("CELU_2", 1.0, 2.0)])
+    assert merge_equal_functions(m) == 2
+    assert [f.name for f in m.functions.values()] == ["CELU"]
+    assert {n.op_type for n in m.graph} == {"CELU"}

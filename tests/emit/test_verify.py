@@ -1,0 +1,70 @@
+"""emit/verify: strict type and shape inference before writing; a failure is one line that
+names the module call and FX node it happened in."""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+import pytest
+
+from onnx_modular.diagnostics import OnnxModularError
+from onnx_modular.emit.verify import verify
+from onnx_modular.metadata import META_CALL, META_PATH, META_TYPE, STACK_TRACE
+
+from .graphs import OPSET, fx, model, value, weight
+
+TRACE = ('File "/usr/lib/python3/site-packages/torch/nn/modules/module.py", line 1, in x\n'
+         'File "/home/me/model.py", line 42, in forward')
+
+
+def _int_ids_into_a_linear(outlined: bool) -> ir.Model:
+    """int64 ids multiplied by a float weight: exports, but no runtime takes it."""
+    ids, w = value("ids", (2, 4), ir.DataType.INT64), weight("layers.0.weight")
+    if not outlined:
+        mm = fx("MatMul", [ids, w], "mm")
+        return model([ids], mm.outputs, [mm], [w])
+    x, wi = value("input_0", (2, 4), ir.DataType.INT64), value("weight", (4, 4))
+    mm = fx("MatMul", [x, wi], "mm")
+    mm.metadata_props[STACK_TRACE] = TRACE
+    body = ir.Graph([x, wi], mm.outputs, nodes=[mm], opset_imports={"": OPSET}, name="Block")
+    function = ir.Function("pkg", "Block", graph=body, attributes=[])
+    call = ir.node("Block", [ids, w], domain="pkg", name="layers.0",
+                   metadata_props={META_PATH: "layers.0", META_CALL: "layers.0",
+                                   META_TYPE: "pkg.Block"})
+    call.outputs[0].name = "y"
+    return model([ids], call.outputs, [call], [w], functions=[function],
+                 opsets={"": OPSET, "pkg": 1})
+
+
+def test_a_valid_model_passes_and_keeps_its_weights() -> None:
+    x, w = value("x"), weight("w")
+    mm = fx("MatMul", [x, w], "mm")
+    m = model([x], mm.outputs, [mm], [w])
+    verify(m)
+    assert [v.name for v in m.graph.inputs] == ["x"]
+    assert list(m.graph.initializers) == ["w"] and m.graph.initializers["w"].const_value
+
+
+def test_weights_come_back_after_a_failure() -> None:
+    m = _int_ids_into_a_linear(outlined=False)
+    with pytest.raises(OnnxModularError):
+        verify(m)
+    assert [v.name for v in m.graph.inputs] == ["ids"]
+    assert list(m.graph.initializers) == ["layers.0.weight"]
+
+
+def test_a_type_error_in_a_function_names_the_module_and_fx_node() -> None:
+    with pytest.raises(OnnxModularError) as caught:
+        verify(_int_ids_into_a_linear(outlined=True))
+    error = caught.value
+    text = str(error)
+    assert text.startswith("error: OM0202 translation: ") and "\n" not in text
+    assert "in module 'layers.0', node 'mm'" in text
+    assert "do the example inputs fit the model?" in text  # the flat model fails too
+    location = error.diagnostic.location
+    assert (location.module_path, location.fx_node) == ("layers.0", "mm")
+    assert (location.source_file, location.source_line) == ("/home/me/model.py", 42)
+
+
+def test_a_type_error_in_the_main_graph_is_one_line_too() -> None:
+    with pytest.raises(OnnxModularError, match=r"^error: OM0202 .*the exported model is invalid"):
+        verify(_int_ids_into_a_linear(outlined=False))

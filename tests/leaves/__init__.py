@@ -1,0 +1,1 @@
+"""Fast tests of the shared leaves of ``onnx_modular`` (runtime, metadata, errors, ...)."""

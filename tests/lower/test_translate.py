@@ -1,0 +1,126 @@
+"""lower/translate: the one FX -> ONNX translation (every node names its FX node), opset
+checks, one-line failures, stable stack traces."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+import torch
+from torch import nn
+
+from onnx_modular.diagnostics import DiagnosticContext, OnnxModularError
+from onnx_modular.lower.capture import capture
+from onnx_modular.lower.translate import (
+    MIN_HIERARCHICAL_OPSET,
+    MIN_OPSET,
+    Translation,
+    check_opset,
+    stable_stack_traces,
+    translate,
+)
+from onnx_modular.metadata import STACK_TRACE, fx_name
+
+
+class TwoLinear(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(4, 8), nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+@torch.library.custom_op("om_tests::mystery", mutates_args=())
+def mystery(x: torch.Tensor) -> torch.Tensor:
+    return x.clone()
+
+
+@mystery.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+class Mysterious(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return mystery(self.fc(x))
+
+
+@pytest.fixture(scope="module")
+def model() -> TwoLinear:
+    torch.manual_seed(0)
+    return TwoLinear().eval()
+
+
+@pytest.fixture(scope="module")
+def translation(model: TwoLinear) -> Translation:
+    return translate(capture(model, (torch.randn(3, 4),)))
+
+
+def test_the_translation_computes_what_the_module_does(model: TwoLinear,
+                                                       translation: Translation) -> None:
+    x = torch.randn(3, 4)
+    proto = ir.serde.serialize_model(translation.model)
+    session = ort.InferenceSession(proto.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    (actual,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    np.testing.assert_allclose(actual, model(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_every_node_names_an_fx_node_of_the_decomposed_program(
+        translation: Translation) -> None:
+    fx_nodes = {n.name for n in translation.program.graph.nodes}
+    named = [fx_name(node) for node in translation.model.graph]
+    assert named and None not in named
+    assert set(named) <= fx_nodes
+
+
+def test_an_untranslatable_op_is_one_line_naming_its_node() -> None:
+    program = capture(Mysterious(), (torch.randn(2, 4),))
+    with pytest.raises(OnnxModularError) as caught:
+        translate(program)
+    text = str(caught.value)
+    assert "OM0202" in text and "\n" not in text
+    assert "torch.onnx could not translate the program: node 'mystery'" in text
+    assert caught.value.diagnostic.location.fx_node == "mystery"
+
+
+@pytest.mark.parametrize("opset", [None, MIN_HIERARCHICAL_OPSET,
+                                   onnx.defs.onnx_opset_version()])
+def test_supported_opsets_pass(opset: int | None) -> None:
+    check_opset(opset, flat=False, ctx=DiagnosticContext())
+
+
+def test_below_18_only_a_flat_model_goes() -> None:
+    check_opset(MIN_HIERARCHICAL_OPSET - 1, flat=True, ctx=DiagnosticContext())
+    with pytest.raises(OnnxModularError, match=r"OM0104 .*opset 17 is below 18.*"
+                                               r"functions='none'"):
+        check_opset(MIN_HIERARCHICAL_OPSET - 1, flat=False, ctx=DiagnosticContext())
+    with pytest.raises(OnnxModularError, match=r"use opset >= 18$") as caught:
+        check_opset(17, flat=False, ctx=DiagnosticContext(), what="a split")
+    assert "functions='none'" not in str(caught.value)
+
+
+@pytest.mark.parametrize("opset", [MIN_OPSET - 1, onnx.defs.onnx_opset_version() + 1, True,
+                                   "18", 18.0])
+def test_an_opset_onnx_cannot_emit_is_refused(opset: object) -> None:
+    with pytest.raises(OnnxModularError, match=r"OM0202 .*is not an ONNX opset this onnx "
+                                               r"can emit"):
+        check_opset(opset, flat=True, ctx=DiagnosticContext())  # type: ignore[arg-type]
+
+
+def test_generated_file_numbers_are_dropped_from_stack_traces() -> None:
+    x = ir.Value(name="x")
+    node = ir.node("Relu", [x], metadata_props={
+        STACK_TRACE: 'File "<eval_with_key>.17", line 5, in forward\n'
+                     'File "/src/model.py", line 3, in forward'})
+    graph = ir.Graph([x], node.outputs, nodes=[node], opset_imports={"": 18})
+    stable_stack_traces(ir.Model(graph, ir_version=10))
+    assert node.metadata_props[STACK_TRACE] == (
+        'File "<eval_with_key>", line 5, in forward\nFile "/src/model.py", line 3, in forward')
