@@ -10,16 +10,13 @@ import torch
 
 import onnx_modular as om
 from onnx_modular.diagnostics import DiagnosticContext, OnnxModularError
-from onnx_modular.emit import pipeline
-from onnx_modular.emit.pipeline import (
-    EmitPassError,
-    EmitReport,
-    ExplainDifferences,
-    FoldWeights,
-    InlineAll,
-    Optimize,
-    Outline,
-)
+from onnx_modular.emit import optimize as optimize_module
+from onnx_modular.emit.explain import ExplainDifferences
+from onnx_modular.emit.infra import EmitPassError
+from onnx_modular.emit.inline import InlineAll
+from onnx_modular.emit.optimize import FoldWeights, Optimize
+from onnx_modular.emit.outline import Outline
+from onnx_modular.emit.pipeline import EmitReport
 from onnx_modular.metadata import DIFFERS_FROM
 
 FLOAT = ir.TensorType(ir.DataType.FLOAT)
@@ -114,7 +111,7 @@ def test_a_failing_step_is_named_from_the_error(monkeypatch: pytest.MonkeyPatch)
     def broken(model: ir.Model, avoid: frozenset[str] = frozenset()) -> None:
         raise ValueError("boom")
 
-    monkeypatch.setattr(pipeline, "optimize", broken)
+    monkeypatch.setattr(optimize_module, "optimize", broken)
     ctx = DiagnosticContext()
     with pytest.raises(OnnxModularError, match=r"OM0001 .*Optimize failed: ValueError: boom") as e:
         om.export(_Exploding(), (torch.randn(2, 3),), ctx=ctx)

@@ -10,7 +10,9 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from onnx_modular._compat import ObservedInlinePass
+from onnx_modular.emit.infra import EmitPass
 from onnx_modular.emit.labels import absolutize
+from onnx_modular.emit.optimize import finish_inlined, remove_unused_initializers
 
 
 class RebasingInlinePass(ObservedInlinePass):
@@ -34,3 +36,21 @@ class RebasingInlinePass(ObservedInlinePass):
         return super().call(model)
 
     _calls: set[ir.OperatorIdentifier] = set()
+
+
+class InlineAll(EmitPass):
+    """The flat model: every call inlined; constants shared as initializers again."""
+
+    def __init__(self, optimized: bool) -> None:
+        super().__init__()
+        self.optimized = optimized
+
+    def run(self, model: ir.Model) -> None:
+        RebasingInlinePass()(model)
+        if self.optimized:
+            finish_inlined(model)
+        remove_unused_initializers(model.graph)
+        used = {n.domain for n in model.graph.all_nodes()}
+        for domain in list(model.opset_imports):
+            if domain not in ("", "ai.onnx") and domain not in used:
+                model.opset_imports.pop(domain, None)

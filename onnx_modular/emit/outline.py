@@ -15,7 +15,7 @@ import functools
 import itertools
 import json
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import onnx
 import onnx_ir as ir
@@ -23,6 +23,7 @@ import onnx_ir as ir
 from onnx_modular._compat import ort_contrib_operator_names
 from onnx_modular._util import class_identifier, common_prefix
 from onnx_modular.emit.canonical import graph_key
+from onnx_modular.emit.infra import Chains, EmitPass
 from onnx_modular.emit.labels import call_scope, relativize
 from onnx_modular.emit.parametrize import merge_scalar_variants
 from onnx_modular.metadata import (
@@ -53,6 +54,12 @@ class _Scope:
     call: CallInfo | None
     members: list[Any] = dataclasses.field(default_factory=list)  # ir.Node | _Scope
     children: list[_Scope] = dataclasses.field(default_factory=list)
+
+
+class HoldsOutlineReport(Protocol):
+    """Where the outline passes keep their report (the pipeline's ``EmitReport``)."""
+
+    outline: OutlineReport | None
 
 
 class Selection:
@@ -368,6 +375,18 @@ def outline(model: ir.Model, chains: Mapping[str, tuple[CallInfo, ...]], *,
     return outliner.report
 
 
+class Outline(EmitPass):
+    """Module calls -> nested local functions (:func:`outline`); the report goes to
+    ``report.outline``."""
+
+    def __init__(self, chains: Chains, select: Select | None, dedupe: bool,
+                 report: HoldsOutlineReport) -> None:
+        super().__init__()
+        self.chains, self.select, self.dedupe, self.report = chains, select, dedupe, report
+
+    def run(self, model: ir.Model) -> None:
+        self.report.outline = outline(model, self.chains, select=self.select, dedupe=self.dedupe)
+
 
 def merge_equal_functions(model: ir.Model, report: OutlineReport | None = None) -> int:
     """After optimization: functions of one class whose bodies came out the same become one,
@@ -432,6 +451,19 @@ def merge_equal_functions(model: ir.Model, report: OutlineReport | None = None) 
                                    for call, name in report.function_of_call.items()}
         report.functions = len(model.functions)
     return merged
+
+
+class MergeEqualFunctions(EmitPass):
+    """After optimization: equal bodies of one class become one function, to a fixpoint
+    (:func:`merge_equal_functions`), keeping ``report.outline`` up to date."""
+
+    def __init__(self, report: HoldsOutlineReport) -> None:
+        super().__init__()
+        self.report = report
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        merged = merge_equal_functions(model, self.report.outline)
+        return ir.passes.PassResult(model, modified=bool(merged))
 
 
 def _merge_parametrized(model: ir.Model, target: dict[int, ir.Function]
