@@ -145,8 +145,11 @@ def _run(steps: ir.passes.Sequential, model: ir.Model) -> None:
     ours = next((c for c in chain if isinstance(c, OnnxModularError)), None)
     if ours is not None:
         raise ours  # outside the handler: it keeps its own cause (no cycle through onnx_ir's)
-    failed = next((c for c in chain if isinstance(c, EmitPassError)), None)
-    inner = (failed.__cause__ if failed is not None else None) or failure.__cause__ or failure
+    steps_failed = [c for c in chain if isinstance(c, EmitPassError)]
+    failed = steps_failed[0] if steps_failed else None  # the pipeline's step, not a sub-pass
+    innermost = steps_failed[-1] if steps_failed else None  # what actually went wrong there
+    inner = (innermost.__cause__ if innermost is not None else None) or failure.__cause__ \
+        or failure
     raise fail(f"{type(inner).__name__}: {inner}", rules.PASS_FAILED,
                pass_name=type(failed.step).__name__ if failed else "emit") from failure
 
