@@ -33,7 +33,6 @@ from onnx_modular.emit.infra import (
 from onnx_modular.emit.labels import call_scope, relativize
 from onnx_modular.emit.parametrize import merge_scalar_variants
 from onnx_modular.metadata import (
-    FX_NODE,
     META_CALL,
     META_FX_OUTPUTS,
     META_PATH,
@@ -396,12 +395,9 @@ class Outline(EmitPass):
             raise self.precondition_failed(
                 "a model without local functions, got "
                 + listed([f.name for f in model.functions.values()]))
-        if any(self.chains.values()) and not any(fx_name(n) in self.chains
-                                                 for n in model.graph):
-            # without a node the chains know, every call would silently stay flat
-            raise self.precondition_failed(
-                f"nodes naming their FX node ({FX_NODE}) as the chains of module calls "
-                f"know them; none of the {len(model.graph)} nodes does")
+        # Nodes naming their FX node are not required: a flat export below opset 18 is
+        # version-converted by torch.onnx, which drops that metadata; outlined nothing,
+        # it is inlined right after.
 
     def run(self, model: ir.Model) -> None:
         self.report.outline = outline(model, self.chains, select=self.select, dedupe=self.dedupe)
