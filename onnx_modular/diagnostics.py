@@ -172,7 +172,13 @@ class OnnxModularError(Exception):
 # ---- contexts ---------------------------------------------------------------------------------
 
 class DiagnosticContext:
-    """Collects the diagnostics of one run; passes open nested scopes with :meth:`scope`."""
+    """Collects the diagnostics of one run; passes open nested scopes with :meth:`scope`.
+
+    A failure is raised (``raise fail(...)``, :mod:`onnx_modular.errors`), never logged by
+    hand: an :class:`OnnxModularError` leaving a scope is recorded there, once, under the
+    innermost scope it left, so the run's log and its SARIF list it with the pass it
+    failed in.
+    """
 
     def __init__(self, verbose: bool = False) -> None:
         self.verbose = verbose
@@ -181,11 +187,32 @@ class DiagnosticContext:
 
     @contextlib.contextmanager
     def scope(self, name: str) -> Iterator[DiagnosticContext]:
+        """A pass (or step) named ``name``: what it logs, and the error it fails with."""
         self._scopes.append(name)
         try:
-            yield self
+            with self.recording_failures():
+                yield self
         finally:
             self._scopes.pop()
+
+    @contextlib.contextmanager
+    def recording_failures(self) -> Iterator[DiagnosticContext]:
+        """Record an :class:`OnnxModularError` leaving this block (under the current scope,
+        unless recorded already), then let it go on."""
+        try:
+            yield self
+        except OnnxModularError as e:
+            self.record_failure(e)
+            raise
+
+    def record_failure(self, error: OnnxModularError) -> None:
+        """Keep ``error``'s diagnostic, once, with the scope it failed in."""
+        diagnostic = error.diagnostic
+        if any(d is diagnostic for d in self.diagnostics):
+            return
+        if diagnostic.scope is None:
+            diagnostic.scope = self.current_scope
+        self.diagnostics.append(diagnostic)
 
     @property
     def current_scope(self) -> str | None:
@@ -205,7 +232,8 @@ class DiagnosticContext:
         return self.log(rule, Level.WARNING, location, **fmt)
 
     def error(self, rule: Rule, location: Location | None = None, **fmt: Any) -> OnnxModularError:
-        """Record an error and return the exception to raise (``raise ctx.error(...)``)."""
+        """Deprecated, to go: ``raise fail(reason, rule, location, **fields)`` inside a
+        scope instead. Records the error now and returns the exception to raise."""
         return OnnxModularError(self.log(rule, Level.ERROR, location, **fmt))
 
     def extend(self, diagnostics: list[Diagnostic]) -> None:

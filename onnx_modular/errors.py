@@ -2,10 +2,14 @@
 
 A user-facing failure is ``raise fail("what went wrong", rules.X, location) from cause``:
 one line naming the rule and where (module path, FX node, source line), with the cause
-kept for ``--debug``. Findings that are not failures go to a :class:`DiagnosticContext`.
+kept for ``--debug``. A :class:`DiagnosticContext` records the error as it leaves one of
+the context's scopes (the pass it failed in). Findings that are not failures go to the
+context directly (``ctx.warn``, ``ctx.note``).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from onnx_modular.diagnostics import Diagnostic, Level, Location, OnnxModularError, Rule
 
@@ -52,8 +56,12 @@ class rules:  # noqa: N801 - a namespace, read as ``rules.X``
         return [v for v in vars(cls).values() if isinstance(v, Rule)]
 
 
-def fail(reason: str, rule: Rule = rules.BAD_INPUT,
-         location: Location | None = None) -> OnnxModularError:
-    """The error to raise for a failure no pass context records (``{reason}`` rules only)."""
-    return OnnxModularError(Diagnostic(rule, Level.ERROR, rule.format(reason=reason),
-                                       location or Location()))
+def fail(reason: str, rule: Rule = rules.BAD_INPUT, location: Location | None = None,
+         **fields: Any) -> OnnxModularError:
+    """The one way to make a user-facing error (``raise fail(...) from cause``).
+
+    Every error rule says why, so ``reason`` fills its ``{reason}``; ``fields`` fill the
+    rest of its template (``pass_name=`` of ``OM0001``-``OM0003``).
+    """
+    message = rule.format(reason=reason, **fields)
+    return OnnxModularError(Diagnostic(rule, Level.ERROR, message, location or Location()))

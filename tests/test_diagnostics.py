@@ -16,7 +16,7 @@ from onnx_modular.diagnostics import (
     Location,
     OnnxModularError,
 )
-from onnx_modular.errors import rules
+from onnx_modular.errors import fail, rules
 from onnx_modular.passes import PassBase, PassConditionError, PassManager, PassResult
 
 
@@ -114,3 +114,40 @@ def test_sarif_write_to_missing_directory_fails_cleanly(tmp_path) -> None:
     with pytest.raises(OnnxModularError, match="does not exist"):
         write_sarif([], str(tmp_path / "nope" / "x.sarif"))
     assert not (tmp_path / "nope").exists()
+
+
+# ---- one way to raise: fail(), recorded by the scope it leaves --------------------------------
+
+def test_an_error_leaving_a_scope_is_recorded_once_under_that_scope() -> None:
+    ctx = DiagnosticContext()
+    with pytest.raises(OnnxModularError, match="OM0501 bad-input: no inputs") as e, \
+            ctx.scope("Outer"), ctx.scope("Inner"):
+        raise fail("no inputs", rules.BAD_INPUT, Location(module_path="layers.0"))
+    assert ctx.diagnostics == [e.value.diagnostic]
+    assert e.value.diagnostic.scope == "Inner" and e.value.diagnostic.level == Level.ERROR
+    results = ctx.to_sarif()["runs"][0]["results"]
+    assert len(results) == 1 and results[0]["properties"] == {"pass": "Inner"}
+    assert results[0]["ruleId"] == "OM0501"
+
+
+def test_an_error_recorded_already_is_not_recorded_again() -> None:
+    ctx = DiagnosticContext()
+    with pytest.raises(OnnxModularError), ctx.scope("Pass"):
+        raise ctx.error(rules.SPLIT_POINT, reason="the deprecated spelling")
+    assert len(ctx.diagnostics) == 1 and ctx.diagnostics[0].scope == "Pass"
+
+
+def test_failures_are_recorded_outside_any_scope_where_asked() -> None:
+    ctx = DiagnosticContext()
+    with pytest.raises(OnnxModularError), ctx.recording_failures():
+        raise fail("bad", rules.UNSUPPORTED_INPUT)
+    assert len(ctx.diagnostics) == 1 and ctx.diagnostics[0].scope is None
+    with pytest.raises(OnnxModularError):
+        raise fail("not in the context")
+    assert len(ctx.diagnostics) == 1
+
+
+def test_fail_fills_the_rule_template_fields_beyond_reason() -> None:
+    error = fail("a relu node", rules.PRECONDITION, pass_name="Outline")
+    assert error.diagnostic.message == "Pass Outline requires: a relu node"
+    assert str(error) == "error: OM0002 precondition-failed: Pass Outline requires: a relu node"

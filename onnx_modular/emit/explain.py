@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 import onnx_ir as ir
 
+from onnx_modular.emit.infra import EmitPass
 from onnx_modular.metadata import DIFFERS_FROM
 
 #: At most this many reasons per function: the first differences say enough.
@@ -114,3 +115,10 @@ def annotate_differences(model: ir.Model) -> dict[str, str]:
         function.metadata_props[DIFFERS_FROM] = text
         explained[function.name] = text
     return explained
+
+
+class ExplainDifferences(EmitPass):
+    """Every extra function of a class records what tells it from the first one."""
+
+    def run(self, model: ir.Model) -> None:
+        annotate_differences(model)

@@ -10,7 +10,9 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from onnx_modular._compat import ObservedInlinePass
+from onnx_modular.emit.infra import EmitPass, listed
 from onnx_modular.emit.labels import absolutize
+from onnx_modular.emit.optimize import finish_inlined, remove_unused_initializers
 
 
 class RebasingInlinePass(ObservedInlinePass):
@@ -34,3 +36,32 @@ class RebasingInlinePass(ObservedInlinePass):
         return super().call(model)
 
     _calls: set[ir.OperatorIdentifier] = set()
+
+
+class InlineAll(EmitPass):
+    """The flat model: every call inlined; constants shared as initializers again."""
+
+    def __init__(self, optimized: bool) -> None:
+        super().__init__()
+        self.optimized = optimized
+
+    _inlined: frozenset[ir.OperatorIdentifier] = frozenset()
+
+    def run(self, model: ir.Model) -> None:
+        self._inlined = frozenset(model.functions)
+        RebasingInlinePass()(model)
+        if self.optimized:
+            finish_inlined(model)
+        remove_unused_initializers(model.graph)
+        used = {n.domain for n in model.graph.all_nodes()}
+        for domain in list(model.opset_imports):
+            if domain not in ("", "ai.onnx") and domain not in used:
+                model.opset_imports.pop(domain, None)
+
+    def ensures(self, model: ir.Model) -> None:
+        left = [f"{n.name} ({n.op_type})" for n in model.graph.all_nodes()
+                if n.op_identifier() in self._inlined or n.op_identifier() in model.functions]
+        if model.functions or left:
+            raise self.postcondition_failed(
+                "no local function and no call of one; left: "
+                + listed([f.name for f in model.functions.values()] + left))

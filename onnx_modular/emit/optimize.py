@@ -23,6 +23,8 @@ from onnx_modular._compat import (
 )
 from onnx_modular._weights import StridedTensor
 from onnx_modular.emit.hold import hold_varying_inputs, release
+from onnx_modular.emit.infra import Chains, EmitPass
+from onnx_modular.emit.outline import Select, chains_per_node
 from onnx_modular.metadata import CallInfo
 
 
@@ -139,6 +141,19 @@ def _fold_weights(model: ir.Model) -> None:
     ir.passes.common.RemoveUnusedNodesPass()(model)
 
 
+class FoldWeights(EmitPass):
+    """Fold what depends on weights and constants only (:func:`fold_weights`), before
+    outlining: inside a function a weight is an input and could no longer be folded."""
+
+    def __init__(self, weights: frozenset[str], chains: Chains, select: Select | None) -> None:
+        super().__init__()
+        self.weights, self.chains, self.select = weights, chains, select
+
+    def run(self, model: ir.Model) -> None:
+        nodes = list(model.graph)
+        fold_weights(model, self.weights, chains_per_node(nodes, self.chains, self.select))
+
+
 def optimize(model: ir.Model, avoid: frozenset[str] = frozenset()) -> None:
     """Constant folding, rewrites and dead-code removal on the main graph and every body.
 
@@ -155,6 +170,17 @@ def optimize(model: ir.Model, avoid: frozenset[str] = frozenset()) -> None:
     if collapse_reshapes(model):
         ir.passes.common.RemoveUnusedNodesPass()(model)
     remove_unused_initializers(model.graph)
+
+
+class Optimize(EmitPass):
+    """onnxscript's optimizer, each unique body once (:func:`optimize`)."""
+
+    def __init__(self, avoid: frozenset[str] = frozenset()) -> None:
+        super().__init__()
+        self.avoid = avoid
+
+    def run(self, model: ir.Model) -> None:
+        optimize(model, self.avoid)
 
 
 def _is_reshape(node: ir.Node | None) -> bool:

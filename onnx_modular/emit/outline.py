@@ -15,7 +15,7 @@ import functools
 import itertools
 import json
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import onnx
 import onnx_ir as ir
@@ -23,6 +23,13 @@ import onnx_ir as ir
 from onnx_modular._compat import ort_contrib_operator_names
 from onnx_modular._util import class_identifier, common_prefix
 from onnx_modular.emit.canonical import graph_key
+from onnx_modular.emit.infra import (
+    Chains,
+    EmitPass,
+    calls_of_missing_functions,
+    listed,
+    unlabelled_calls,
+)
 from onnx_modular.emit.labels import call_scope, relativize
 from onnx_modular.emit.parametrize import merge_scalar_variants
 from onnx_modular.metadata import (
@@ -53,6 +60,12 @@ class _Scope:
     call: CallInfo | None
     members: list[Any] = dataclasses.field(default_factory=list)  # ir.Node | _Scope
     children: list[_Scope] = dataclasses.field(default_factory=list)
+
+
+class HoldsOutlineReport(Protocol):
+    """Where the outline passes keep their report (the pipeline's ``EmitReport``)."""
+
+    outline: OutlineReport | None
 
 
 class Selection:
@@ -368,6 +381,42 @@ def outline(model: ir.Model, chains: Mapping[str, tuple[CallInfo, ...]], *,
     return outliner.report
 
 
+class Outline(EmitPass):
+    """Module calls -> nested local functions (:func:`outline`); the report goes to
+    ``report.outline``."""
+
+    def __init__(self, chains: Chains, select: Select | None, dedupe: bool,
+                 report: HoldsOutlineReport) -> None:
+        super().__init__()
+        self.chains, self.select, self.dedupe, self.report = chains, select, dedupe, report
+
+    def requires(self, model: ir.Model) -> None:
+        if model.functions:  # outlining names every function; it would clash with these
+            raise self.precondition_failed(
+                "a model without local functions, got "
+                + listed([f.name for f in model.functions.values()]))
+        # Nodes naming their FX node are not required: a flat export below opset 18 is
+        # version-converted by torch.onnx, which drops that metadata; outlined nothing,
+        # it is inlined right after.
+
+    def run(self, model: ir.Model) -> None:
+        self.report.outline = outline(model, self.chains, select=self.select, dedupe=self.dedupe)
+
+    def ensures(self, model: ir.Model) -> None:
+        ensure_calls_resolve(self, model)
+        unlabelled = unlabelled_calls(model)
+        if unlabelled:
+            raise self.postcondition_failed(
+                f"every call node labelled with its module call; {listed(unlabelled)}")
+
+
+def ensure_calls_resolve(step: EmitPass, model: ir.Model) -> None:
+    """``step``'s postcondition: every call of a local function calls one the model holds."""
+    missing = calls_of_missing_functions(model)
+    if missing:
+        raise step.postcondition_failed(
+            f"every called function in the model; missing: {listed(missing)}")
+
 
 def merge_equal_functions(model: ir.Model, report: OutlineReport | None = None) -> int:
     """After optimization: functions of one class whose bodies came out the same become one,
@@ -384,30 +433,11 @@ def merge_equal_functions(model: ir.Model, report: OutlineReport | None = None) 
     merged away.
     """
     original = {identifier[1]: function for identifier, function in model.functions.items()}
-    target: dict[int, ir.Function] = {}  # id(function) -> the function kept for it
-    merged = 0
-    while True:
-        first: dict[tuple[str, str | None, str], ir.Function] = {}
-        kept_for: dict[ir.OperatorIdentifier, ir.Function] = {}
-        for identifier, function in model.functions.items():
-            key = (function.domain, function.doc_string,
-                   graph_key(function.graph, signature=False))
-            kept = first.setdefault(key, function)
-            if kept is not function:
-                kept_for[identifier] = kept
-                target[id(function)] = kept
-                _drop_value_types(kept)
-        if kept_for:
-            for identifier in kept_for:
-                del model.functions[identifier]
-            _retarget_calls(model, kept_for)
-        else:
-            kept_for = _merge_unused_outputs(model, target)
-            if not kept_for:
-                kept_for = _merge_parametrized(model, target)
-            if not kept_for:
-                break
-        merged += len(kept_for)
+    rounds = MergeRound()
+    # each round that changes the model merges a function away: one round more than there
+    # are functions always reaches the round that changes nothing, where the manager stops
+    ir.passes.PassManager([rounds], steps=len(model.functions) + 1, early_stop=True)(model)
+    target, merged = rounds.target, rounds.merged
     if not merged:
         return 0
     counts: dict[tuple[str, str], int] = {}
@@ -432,6 +462,62 @@ def merge_equal_functions(model: ir.Model, report: OutlineReport | None = None) 
                                    for call, name in report.function_of_call.items()}
         report.functions = len(model.functions)
     return merged
+
+
+class MergeRound(EmitPass):
+    """One round of :func:`merge_equal_functions`: equal keys first; when none, a function
+    into its fuller sibling; when none, scalar variants. Reports a change exactly when it
+    merged a function away; ``target`` maps each merged function (by id) to the one kept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.target: dict[int, ir.Function] = {}
+        self.merged = 0
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        kept_for = _merge_equal_keys(model, self.target)
+        if not kept_for:
+            kept_for = _merge_unused_outputs(model, self.target)
+        if not kept_for:
+            kept_for = _merge_parametrized(model, self.target)
+        self.merged += len(kept_for)
+        return ir.passes.PassResult(model, modified=bool(kept_for))
+
+
+def _merge_equal_keys(model: ir.Model, target: dict[int, ir.Function]
+                      ) -> dict[ir.OperatorIdentifier, ir.Function]:
+    """Functions of one class whose bodies (shapes left out) are equal: the first is kept."""
+    first: dict[tuple[str, str | None, str], ir.Function] = {}
+    kept_for: dict[ir.OperatorIdentifier, ir.Function] = {}
+    for identifier, function in model.functions.items():
+        key = (function.domain, function.doc_string,
+               graph_key(function.graph, signature=False))
+        kept = first.setdefault(key, function)
+        if kept is not function:
+            kept_for[identifier] = kept
+            target[id(function)] = kept
+            _drop_value_types(kept)
+    for identifier in kept_for:
+        del model.functions[identifier]
+    if kept_for:
+        _retarget_calls(model, kept_for)
+    return kept_for
+
+
+class MergeEqualFunctions(EmitPass):
+    """After optimization: equal bodies of one class become one function, to a fixpoint
+    (:func:`merge_equal_functions`), keeping ``report.outline`` up to date."""
+
+    def __init__(self, report: HoldsOutlineReport) -> None:
+        super().__init__()
+        self.report = report
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        merged = merge_equal_functions(model, self.report.outline)
+        return ir.passes.PassResult(model, modified=bool(merged))
+
+    def ensures(self, model: ir.Model) -> None:
+        ensure_calls_resolve(self, model)
 
 
 def _merge_parametrized(model: ir.Model, target: dict[int, ir.Function]

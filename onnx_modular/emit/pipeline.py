@@ -18,36 +18,30 @@ one :class:`~onnx_ir.passes.Sequential`, so a failure names the step it happened
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Mapping
 from typing import Any
 
 import onnx_ir as ir
 import torch
 
 from onnx_modular.diagnostics import DiagnosticContext, Location, OnnxModularError
-from onnx_modular.emit.explain import annotate_differences
-from onnx_modular.emit.inline import RebasingInlinePass
-from onnx_modular.emit.optimize import (
-    finish_inlined,
-    fold_weights,
-    optimize,
-    remove_unused_initializers,
-)
+from onnx_modular.emit.explain import ExplainDifferences
+from onnx_modular.emit.infra import Chains, EmitPassError
+from onnx_modular.emit.inline import InlineAll
+from onnx_modular.emit.optimize import FoldWeights, Optimize
 from onnx_modular.emit.outline import (
+    MergeEqualFunctions,
+    Outline,
     OutlineReport,
     Select,
     Selection,
-    chains_per_node,
-    merge_equal_functions,
-    outline,
     selector,
 )
-from onnx_modular.emit.verify import verify
-from onnx_modular.errors import rules
-from onnx_modular.metadata import DIFFERS_FROM, CallInfo
+from onnx_modular.emit.verify import Verify
+from onnx_modular.errors import fail, rules
 
-Chains = Mapping[str, tuple[CallInfo, ...]]
+__all__ = ["Chains", "EmitOptions", "EmitReport", "emit_model", "program_weights"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,15 +58,18 @@ class EmitOptions:
     def flat(self) -> bool:
         return isinstance(self.functions, str) and self.functions == "none"
 
-    def selection(self, ctx: DiagnosticContext) -> Select | None:
-        """The calls to outline; a form ``functions=`` cannot take is one clear error."""
-        try:
-            # flat: outline everything, then inline it (invariant 2: same ops and topology)
-            return selector("all" if self.flat else self.functions)
-        except TypeError as e:
-            raise ctx.error(rules.UNSUPPORTED_INPUT, reason=(
-                "functions= takes 'all', 'none', or an iterable of module classes, class "
-                f"names or module paths, got {self.functions!r}")) from e
+    def selection(self, ctx: DiagnosticContext | None = None) -> Select | None:
+        """The calls to outline; a form ``functions=`` cannot take is one clear error
+        (recorded in ``ctx`` where one is given)."""
+        with ctx.recording_failures() if ctx is not None else contextlib.nullcontext():
+            try:
+                # flat: outline everything, then inline it (invariant 2: same ops, topology)
+                return selector("all" if self.flat else self.functions)
+            except TypeError as e:
+                raise fail(
+                    "functions= takes 'all', 'none', or an iterable of module classes, class "
+                    f"names or module paths, got {self.functions!r}",
+                    rules.UNSUPPORTED_INPUT) from e
 
 
 @dataclasses.dataclass
@@ -81,139 +78,6 @@ class EmitReport:
 
     outline: OutlineReport | None = None
     graph_module: torch.fx.GraphModule | None = None  # the modularized program, if any
-
-
-# ---- the passes ------------------------------------------------------------------------------
-
-class EmitPassError(ir.passes.PassError):
-    """A step failed: carries the step, so the error names it (not read from message text)."""
-
-    def __init__(self, step: ir.passes.PassBase) -> None:
-        super().__init__(f"the emit step {type(step).__name__} failed")
-        self.step = step
-
-
-def _shape(model: ir.Model) -> tuple[list[object], list[object]]:
-    """What a pass may change, by identity: every node (subgraphs too) with its inputs,
-    attributes, output names and metadata; functions, graph inputs/outputs, initializers and
-    opsets. The first list keeps the objects alive, so their ids cannot be reused."""
-    keep: list[object] = []
-    key: list[object] = [tuple(model.opset_imports.items())]
-    graphs: list[ir.Graph | ir.Function] = [model.graph, *model.functions.values()]
-    for graph in graphs:
-        keep += [graph, *graph.inputs, *graph.outputs]
-        key += [id(graph), tuple(map(id, graph.inputs)), tuple(map(id, graph.outputs)),
-                tuple(graph.metadata_props.items())]
-        for node in ir.traversal.RecursiveGraphIterator(graph):
-            attributes = tuple(node.attributes.values())
-            keep += [node, *node.inputs, *attributes]
-            key += [id(node), node.op_type, node.domain, tuple(map(id, node.inputs)),
-                    tuple(map(id, attributes)), tuple(o.name for o in node.outputs),
-                    tuple(node.metadata_props.items())]
-    for name, value in model.graph.initializers.items():
-        keep += [value, value.const_value]
-        key += [name, id(value), id(value.const_value)]
-    return keep, key
-
-
-class EmitPass(ir.passes.InPlacePass):
-    """A step of the pipeline: ``run`` changes the model in place; whether it did is read
-    from the model (:func:`_shape` before and after), and a failure carries the step."""
-
-    def run(self, model: ir.Model) -> None:
-        raise NotImplementedError
-
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
-        alive, before = _shape(model)  # ``alive``: no id in ``before`` is reused meanwhile
-        self.run(model)
-        modified = _shape(model)[1] != before
-        del alive
-        return ir.passes.PassResult(model, modified=modified)
-
-    def __call__(self, model_or_result: ir.Model | ir.passes.PassResult, /
-                 ) -> ir.passes.PassResult:
-        try:
-            return super().__call__(model_or_result)
-        except OnnxModularError:
-            raise  # already says what went wrong, for the user
-        except Exception as e:
-            raise EmitPassError(self) from e
-
-
-class FoldWeights(EmitPass):
-    def __init__(self, weights: frozenset[str], chains: Chains, select: Select | None) -> None:
-        super().__init__()
-        self.weights, self.chains, self.select = weights, chains, select
-
-    def run(self, model: ir.Model) -> None:
-        nodes = list(model.graph)
-        fold_weights(model, self.weights, chains_per_node(nodes, self.chains, self.select))
-
-
-class Outline(EmitPass):
-    def __init__(self, chains: Chains, select: Select | None, dedupe: bool,
-                 report: EmitReport) -> None:
-        super().__init__()
-        self.chains, self.select, self.dedupe, self.report = chains, select, dedupe, report
-
-    def run(self, model: ir.Model) -> None:
-        self.report.outline = outline(model, self.chains, select=self.select, dedupe=self.dedupe)
-
-
-class Optimize(EmitPass):
-    def __init__(self, avoid: frozenset[str] = frozenset()) -> None:
-        super().__init__()
-        self.avoid = avoid
-
-    def run(self, model: ir.Model) -> None:
-        optimize(model, self.avoid)
-
-
-class MergeEqualFunctions(EmitPass):
-    def __init__(self, report: EmitReport) -> None:
-        super().__init__()
-        self.report = report
-
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
-        merged = merge_equal_functions(model, self.report.outline)
-        return ir.passes.PassResult(model, modified=bool(merged))
-
-
-class ExplainDifferences(EmitPass):
-    """Every extra function of a class records what tells it from the first one."""
-
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
-        before = {key: f.metadata_props.get(DIFFERS_FROM) for key, f in model.functions.items()}
-        annotate_differences(model)
-        after = {key: f.metadata_props.get(DIFFERS_FROM) for key, f in model.functions.items()}
-        return ir.passes.PassResult(model, modified=after != before)
-
-
-class Verify(EmitPass):
-    """Strict ONNX type and shape inference: a model ONNX Runtime would reject is an error
-    here, naming the module and FX node, before anything is written."""
-
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
-        verify(model)
-        return ir.passes.PassResult(model, modified=False)
-
-
-class InlineAll(EmitPass):
-    """The flat model: every call inlined; constants shared as initializers again."""
-
-    def __init__(self, optimized: bool) -> None:
-        super().__init__()
-        self.optimized = optimized
-
-    def run(self, model: ir.Model) -> None:
-        RebasingInlinePass()(model)
-        if self.optimized:
-            finish_inlined(model)
-        remove_unused_initializers(model.graph)
-        used = {n.domain for n in model.graph.all_nodes()}
-        for domain in list(model.opset_imports):
-            if domain not in ("", "ai.onnx") and domain not in used:
-                model.opset_imports.pop(domain, None)
 
 
 # ---- running it ------------------------------------------------------------------------------
@@ -226,24 +90,11 @@ def emit_model(model: ir.Model, chains: Chains, weights: frozenset[str] | set[st
     Modularize made, computed by the caller: ``api/spine.py``); ``weights``:
     initializer names of the program's parameters, buffers and lifted constants.
     """
-    select = options.selection(ctx)
-    report = EmitReport()
-    steps: list[ir.passes.PassBase] = []
-    if options.optimize:
-        steps.append(FoldWeights(frozenset(weights), chains, select))
-    if options.optimize or not options.flat:
-        steps.append(Outline(chains, select, options.dedupe, report))
-    if options.optimize:
-        steps.append(Optimize(options.avoid_ops))
-        if options.dedupe and not options.flat:  # flat: everything is inlined right after
-            steps.append(MergeEqualFunctions(report))
-    if options.dedupe and not options.flat:
-        steps.append(ExplainDifferences())
-    if options.flat:
-        steps.append(InlineAll(options.optimize))
-    steps.append(Verify())
-    with ctx.scope("Emit"):
-        _run(ir.passes.Sequential(*steps), model, ctx)
+    with ctx.recording_failures():
+        select = options.selection(ctx)
+        report = EmitReport()
+        with ctx.scope("Emit"):
+            _run(ir.passes.Sequential(*_steps(options, chains, weights, select, report)), model)
     if isinstance(select, Selection) and select.unmatched():
         ctx.warn(rules.UNOUTLINED, reason=(
             f"functions={select.unmatched()} matched no module call (by class, class "
@@ -258,25 +109,49 @@ def emit_model(model: ir.Model, chains: Chains, weights: frozenset[str] | set[st
     return report
 
 
-def _run(steps: ir.passes.Sequential, model: ir.Model, ctx: DiagnosticContext) -> None:
-    """Our own errors pass through; anything else names the step it failed in, read from
-    the error chain (:class:`EmitPassError` carries the step)."""
+def _steps(options: EmitOptions, chains: Chains, weights: frozenset[str] | set[str],
+           select: Select | None, report: EmitReport) -> list[ir.passes.PassBase]:
+    """The passes ``options`` ask for, in pipeline order."""
+    steps: list[ir.passes.PassBase] = []
+    if options.optimize:
+        steps.append(FoldWeights(frozenset(weights), chains, select))
+    if options.optimize or not options.flat:
+        steps.append(Outline(chains, select, options.dedupe, report))
+    if options.optimize:
+        steps.append(Optimize(options.avoid_ops))
+        if options.dedupe and not options.flat:  # flat: everything is inlined right after
+            steps.append(MergeEqualFunctions(report))
+    if options.dedupe and not options.flat:
+        steps.append(ExplainDifferences())
+    if options.flat:
+        steps.append(InlineAll(options.optimize))
+    steps.append(Verify())
+    return steps
+
+
+def _run(steps: ir.passes.Sequential, model: ir.Model) -> None:
+    """Our own errors pass through as raised; anything else names the step it failed in,
+    read from the error chain (:class:`EmitPassError` carries the step)."""
     try:
         steps(model)
+        return
     except ir.passes.PassError as e:
-        chain: list[BaseException] = []
-        cause: BaseException | None = e
-        while cause is not None:
-            chain.append(cause)
-            cause = cause.__cause__
-        ours = next((c for c in chain if isinstance(c, OnnxModularError)), None)
-        if ours is not None:
-            raise ours from e
-        failed = next((c for c in chain if isinstance(c, EmitPassError)), None)
-        inner = (failed.__cause__ if failed is not None else None) or e.__cause__ or e
-        raise ctx.error(rules.PASS_FAILED,
-                        pass_name=type(failed.step).__name__ if failed else "emit",
-                        reason=f"{type(inner).__name__}: {inner}") from e
+        failure = e
+    chain: list[BaseException] = []
+    cause: BaseException | None = failure
+    while cause is not None:
+        chain.append(cause)
+        cause = cause.__cause__
+    ours = next((c for c in chain if isinstance(c, OnnxModularError)), None)
+    if ours is not None:
+        raise ours  # outside the handler: it keeps its own cause (no cycle through onnx_ir's)
+    steps_failed = [c for c in chain if isinstance(c, EmitPassError)]
+    failed = steps_failed[0] if steps_failed else None  # the pipeline's step, not a sub-pass
+    innermost = steps_failed[-1] if steps_failed else None  # what actually went wrong there
+    inner = (innermost.__cause__ if innermost is not None else None) or failure.__cause__ \
+        or failure
+    raise fail(f"{type(inner).__name__}: {inner}", rules.PASS_FAILED,
+               pass_name=type(failed.step).__name__ if failed else "emit") from failure
 
 
 def program_weights(program: torch.export.ExportedProgram) -> frozenset[str]:

@@ -17,6 +17,7 @@ import onnx.inliner
 import onnx_ir as ir
 
 from onnx_modular.diagnostics import Location
+from onnx_modular.emit.infra import EmitPass, calls_of_missing_functions, listed
 from onnx_modular.errors import fail, rules
 from onnx_modular.metadata import META_PATH, STACK_TRACE, fx_name
 
@@ -55,6 +56,21 @@ def verify(model: ir.Model) -> None:
                 "do the example inputs fit the model? eager torch would fail on them too")
         raise fail(f"the exported model is invalid{where}: {why} ({hint})", rules.TRANSLATION,
                    location) from e
+
+
+class Verify(EmitPass):
+    """Strict ONNX type and shape inference (:func:`verify`): a model ONNX Runtime would
+    reject is an error here, naming the module and FX node, before anything is written."""
+
+    def requires(self, model: ir.Model) -> None:
+        missing = calls_of_missing_functions(model)
+        if missing:  # inference would fail on them with a message naming no module
+            raise self.precondition_failed(
+                f"every called function in the model; missing: {listed(missing)}")
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        verify(model)  # weights leave and come back as they were: nothing changes
+        return ir.passes.PassResult(model, modified=False)
 
 
 def _valid_when_inlined(proto: onnx.ModelProto) -> bool:
