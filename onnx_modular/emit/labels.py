@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 
 import onnx_ir as ir
 
@@ -77,8 +78,11 @@ class _Relative:
                                                                               self.suffix)
 
 
-def call_scope(members: list[ir.Node], call: CallInfo) -> list[Frame]:
-    """The chain of module calls from the root to ``call``, read off its members' labels."""
+def call_scope(members: list[ir.Node], call: CallInfo,
+               enclosing: Sequence[CallInfo] = ()) -> list[Frame]:
+    """The chain of module calls from the root to ``call``, read off its members' labels;
+    where none carries torch.onnx's scopes (e.g. only folded constants), ``enclosing``
+    (the calls around ``call``, outermost first) gives it, so labels stay relative."""
     for node in members:
         chain = scope_of(node)
         if chain is None:
@@ -90,7 +94,7 @@ def call_scope(members: list[ir.Node], call: CallInfo) -> list[Frame]:
         paths = [path for path, _ in chain]
         if call.module_path in paths:
             return chain[:paths.index(call.module_path) + 1]
-    return [("", ""), (call.module_path, call.module_type)]
+    return [("", ""), *((c.module_path, c.module_type) for c in (*enclosing, call))]
 
 
 def scope_of(node: ir.Node) -> list[Frame] | None:

@@ -214,22 +214,23 @@ class _Outliner:
 
     def run(self, root: _Scope) -> None:
         for scope in root.children:
-            self._visit(scope)
+            self._visit(scope, ())
         self.graph.sort()
 
-    def _visit(self, scope: _Scope) -> None:
+    def _visit(self, scope: _Scope, enclosing: tuple[CallInfo, ...]) -> None:
+        assert scope.call is not None
         for child in scope.children:
-            self._visit(child)
+            self._visit(child, (*enclosing, scope.call))
         members = [m if isinstance(m, ir.Node) else self.call_nodes.get(id(m))
                    for m in scope.members]
         members = [m for m in members if m is not None]
         if members:
-            call = self._outline(scope.call, members)
+            call = self._outline(scope.call, members, enclosing)
             if call is not None:
                 self.call_nodes[id(scope)] = call
 
-    def _outline(self, info: CallInfo | None, members: list[ir.Node]) -> ir.Node | None:
-        assert info is not None
+    def _outline(self, info: CallInfo, members: list[ir.Node],
+                 enclosing: tuple[CallInfo, ...]) -> ir.Node | None:
         # the nodes of members' subgraphs (If branches, Loop bodies) move with them: what they
         # read from outside the call becomes a function input too
         subgraphs, nested = _nested(members)
@@ -253,7 +254,8 @@ class _Outliner:
                            META_PATH: info.module_path, META_TYPE: info.module_type,
                            META_CALL: info.call_id,
                            META_FX_OUTPUTS: json.dumps([_fx_of(v) for v in outputs]),
-                           META_SCOPE: json.dumps([list(f) for f in call_scope(members, info)]),
+                           META_SCOPE: json.dumps(
+                               [list(f) for f in call_scope(members, info, enclosing)]),
                        })
         for old, new in zip(outputs, call.outputs):
             new.name, new.type, new.shape = old.name, old.type, old.shape

@@ -8,7 +8,6 @@ import json
 
 import numpy as np
 import onnx_ir as ir
-import pytest
 
 from onnx_modular.emit.inline import RebasingInlinePass
 from onnx_modular.emit.outline import outline
@@ -78,10 +77,6 @@ def _modules(node_or_scopes: ir.Node | str) -> list[str]:
     return ast.literal_eval(text)[:-1]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "labels.call_scope's fallback (no member carries torch.onnx scopes) is [root, call] "
-    "without the enclosing calls; relativize then leaves that chain absolute and absolutize "
-    "prefixes it again: 'layers.1.layers.0.act'"))
 def test_a_nested_call_without_torch_onnx_scopes_is_rebased_too() -> None:
     m, chains = nested_blocks()  # no NAME_SCOPES/CLASS_HIERARCHY on any node
     outline(m, chains)
