@@ -38,13 +38,20 @@ from onnx_modular._compat import (
     size_oblivious,
     verify_onnx_program,
 )
-from onnx_modular.api.spine import emit_program
+from onnx_modular.api.arguments import FunctionSelection
+from onnx_modular.api.spine import emit_whole, lower_onnx_program, needs_calls
 from onnx_modular.api.torchscript_args import TorchScriptCall
-from onnx_modular.diagnostics import Diagnostic, DiagnosticContext, Level, OnnxModularError
+from onnx_modular.diagnostics import (
+    Diagnostic,
+    DiagnosticContext,
+    Level,
+    OnnxModularError,
+    to_sarif,
+)
 from onnx_modular.emit.optimize import optimize as optimize_keeping_functions
 from onnx_modular.emit.pipeline import EmitOptions
 from onnx_modular.errors import fail, rules
-from onnx_modular.lower.translate import MIN_HIERARCHICAL_OPSET, stable_stack_traces
+from onnx_modular.lower.translate import MIN_HIERARCHICAL_OPSET
 
 __all__ = ["HookSession", "HookWarning", "HookedExport", "hook"]
 
@@ -63,12 +70,16 @@ class HookedExport:
     path: str | None  # the file it wrote, where the call named one
     functions: tuple[str, ...]  # the local functions of the model it returned/wrote
     flat_reason: str | None  # why it stayed flat, or None
+    #: what lowering and the emit pipeline reported (as ``om.export``'s ``diagnostics``)
     diagnostics: list[Diagnostic]
     verification: list[tuple[str, float, float]] | None = None  # verify=True: name, abs, rel
 
     @property
     def hierarchical(self) -> bool:
         return bool(self.functions)
+
+    def to_sarif(self) -> dict[str, Any]:
+        return to_sarif(self.diagnostics)
 
     def __str__(self) -> str:
         where = self.path or "(in memory)"
@@ -140,13 +151,13 @@ def _hierarchical(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _emit(onnx_program: Any, session: HookSession, optimize: bool) -> HookedExport:
     """The hook's emit pipeline on torch.onnx's unoptimized model; its findings kept."""
-    options = session.options
-    ctx = DiagnosticContext()
-    stable_stack_traces(onnx_program.model)  # byte-identical, as om.export
-    emit_program(onnx_program.model, onnx_program.exported_program,
-                 EmitOptions(options.functions, options.dedupe, optimize), ctx)
+    options = EmitOptions(session.options.functions, session.options.dedupe, optimize)
+    ctx = DiagnosticContext()  # one per export: its diagnostics are the record's
+    options.selection(ctx)  # a bad selection fails before modularizing
+    lowered = lower_onnx_program(onnx_program, ctx, with_calls=needs_calls(options))
+    emit_whole(lowered, options, ctx)
     functions = tuple(sorted({f.name for f in onnx_program.model.functions.values()}))
-    record = HookedExport(None, functions, None, list(ctx.diagnostics))
+    record = HookedExport(None, functions, None, ctx.diagnostics)
     session.exports.append(record)
     for diagnostic in ctx.of_level(Level.WARNING):
         _warn_or_raise(session, str(diagnostic))
@@ -360,7 +371,7 @@ def _uninstall() -> None:
 
 
 @contextlib.contextmanager
-def hook(functions: Any = "all", dedupe: bool = True, strict: bool = False
+def hook(functions: FunctionSelection = "all", dedupe: bool = True, strict: bool = False
          ) -> Iterator[HookSession]:
     """Make unchanged ``torch.onnx.export`` calls of this thread return hierarchical models.
 
