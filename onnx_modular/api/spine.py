@@ -10,7 +10,6 @@ so ``emit/`` never calls back into ``passes/``: the walk is lower -> passes -> e
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import onnx_ir as ir
 import torch
@@ -62,10 +61,11 @@ def lower(model: Model, args: ExampleArgs = (), kwargs: ExampleKwargs | None = N
     return _with_calls(translation, ctx) if with_calls else _without_calls(translation)
 
 
-def lower_onnx_program(onnx_program: Any, ctx: DiagnosticContext, *,
+def lower_onnx_program(onnx_program: torch.onnx.ONNXProgram, ctx: DiagnosticContext, *,
                        with_calls: bool = True) -> Lowered:
     """What torch.onnx already lowered (``om.hook``: an unoptimized ``ONNXProgram``)."""
     stable_stack_traces(onnx_program.model)  # byte-identical, as om.export
+    assert onnx_program.exported_program is not None  # the dynamo path keeps its program
     translation = Translation(onnx_program.model, onnx_program.exported_program)
     return _with_calls(translation, ctx) if with_calls else _without_calls(translation)
 
