@@ -41,7 +41,7 @@ class SplitResult:
 
     plan: SplitPlan
     graph_module: torch.fx.GraphModule  # one submodule per part: runs in torch
-    source: torch.fx.GraphModule  # the flat module the plan was made on
+    flat_module: torch.fx.GraphModule  # the decomposed program's module() the plan was made on
     lowered: Lowered
     ctx: DiagnosticContext  # diagnostics so far; region emission adds its own
     kind: str = "split"  # "split" (acc/CPU regions) or "stages"
@@ -86,7 +86,7 @@ class SplitResult:
     # ONNX
     @functools.cached_property
     def _region_graphs(self) -> list[RegionGraph]:
-        meta = {n.name: n.meta.get("val") for n in self.source.graph.nodes}
+        meta = {n.name: n.meta.get("val") for n in self.flat_module.graph.nodes}
         options = EmitOptions("all" if self.hierarchical else "none")
         return emit_regions(self.onnx_model, self.regions, meta.get, self.lowered.chains,
                             self.lowered.weights, options, self.acc_limits, self.ctx)

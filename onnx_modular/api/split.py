@@ -55,22 +55,24 @@ def split(model: Model, args: ExampleArgs = (), *, support: SupportSpec,
     op_support = resolve_support(support)
     check_opset(opset, flat=False, ctx=ctx, what="a split model")
     lowered = lower(model, args, kwargs, opset=opset, ctx=ctx, weights=weights)
-    source = lowered.program.module()
+    flat_module = lowered.program.module()
     context = SupportContext(fx_to_onnx_nodes(lowered.model), dict(lowered.model.opset_imports))
     split_pass = SplitPass(op_support, context=context, min_acc_module_size=min_acc_module_size,
                            max_acc_splits=max_acc_splits, allow_non_tensor=allow_non_tensor,
                            skip_fusion=skip_fusion)
-    result = split_pass(source, ctx)
+    result = split_pass(flat_module, ctx)
     assert isinstance(result, SplitPassResult) and result.plan is not None
-    limits = AccLimits(_forbidden_ops(op_support, result.plan, source, context),
-                       op_support.entries)
-    return SplitResult(result.plan, result.graph_module, source, lowered, ctx,
+    forbidden = _forbidden_ops(op_support, result.plan, flat_module, context)
+    limits = AccLimits(forbidden, op_support.entries)
+    return SplitResult(result.plan, result.graph_module, flat_module, lowered, ctx,
                        hierarchical=hierarchical, acc_limits=limits)
 
 
-def _forbidden_ops(support: OperatorSupport, plan: SplitPlan, source: torch.fx.GraphModule,
+def _forbidden_ops(support: OperatorSupport, plan: SplitPlan,
+                   flat_module: torch.fx.GraphModule,
                    context: SupportContext) -> frozenset[OnnxOp]:
-    nodes = [n for n in source.graph.nodes if n.op in CALLABLE_OPS]
+    """The ONNX ops no acc region's model may hold, given where the plan put each node."""
+    nodes = [n for n in flat_module.graph.nodes if n.op in CALLABLE_OPS]
     acc_names = {name for r in plan.regions if r.is_acc for name in r.node_names}
     acc_ops: set[OnnxOp] = set()
     for n in nodes:

@@ -142,9 +142,9 @@ def _cut(program: torch.export.ExportedProgram, assignment: stage_pass.StageAssi
     """Lower the captured program once, carry the stages to its decomposed nodes, cut."""
     lowered = lower(program, opset=opset, ctx=ctx)
     carried = stage_pass.decomposed_assignment(assignment, lowered.program)
-    source = lowered.program.module()
-    result = stage_pass.StagesPass(carried)(source, ctx)
+    flat_module = lowered.program.module()
+    result = stage_pass.StagesPass(carried)(flat_module, ctx)
     assert isinstance(result, SplitPassResult) and result.plan is not None
-    return SplitResult(result.plan, result.graph_module, source, lowered, ctx,
+    return SplitResult(result.plan, result.graph_module, flat_module, lowered, ctx,
                        kind="stages", hierarchical=hierarchical, how=assignment.how,
                        stage_plan=stage_plan)
