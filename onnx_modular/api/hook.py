@@ -30,7 +30,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onnx_modular._compat import (
     replaced_torch_onnx_export,
@@ -52,6 +52,9 @@ from onnx_modular.emit.optimize import optimize as optimize_keeping_functions
 from onnx_modular.emit.pipeline import EmitOptions
 from onnx_modular.errors import fail, rules
 from onnx_modular.lower.translate import MIN_HIERARCHICAL_OPSET
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["HookSession", "HookWarning", "HookedExport", "hook"]
 
@@ -149,7 +152,8 @@ def _hierarchical(original: Callable[..., Any]) -> Callable[..., Any]:
     return export_hierarchical
 
 
-def _emit(onnx_program: Any, session: HookSession, optimize: bool) -> HookedExport:
+def _emit(onnx_program: torch.onnx.ONNXProgram, session: HookSession,
+          optimize: bool) -> HookedExport:
     """The hook's emit pipeline on torch.onnx's unoptimized model; its findings kept."""
     options = EmitOptions(session.options.functions, session.options.dedupe, optimize)
     ctx = DiagnosticContext()  # one per export: its diagnostics are the record's
@@ -178,7 +182,7 @@ def _warn_or_raise(session: HookSession, message: str) -> None:
     warnings.warn(f"onnx_modular.hook: {message}", HookWarning, stacklevel=5)
 
 
-def _keep_functions_on_optimize(onnx_program: Any) -> None:
+def _keep_functions_on_optimize(onnx_program: torch.onnx.ONNXProgram) -> None:
     """``ONNXProgram.optimize()`` inlines every function; on a hooked program it optimizes
     each body instead, so a pipeline that calls it keeps the hierarchy."""
     def optimize() -> None:
@@ -210,7 +214,7 @@ def _failure_reports_only(artifacts_dir: Any) -> Iterator[str | None]:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _verify(onnx_program: Any) -> list[tuple[str, float, float]]:
+def _verify(onnx_program: torch.onnx.ONNXProgram) -> list[tuple[str, float, float]]:
     """torch.onnx's ``verify=True`` on the hierarchical model; its thresholds, and a
     warning (torch only logs) when they are passed."""
     results = verify_onnx_program(onnx_program)
@@ -222,7 +226,8 @@ def _verify(onnx_program: Any) -> list[tuple[str, float, float]]:
     return results
 
 
-def _write_report(directory: Path, onnx_program: Any, record: HookedExport) -> Path:
+def _write_report(directory: Path, onnx_program: torch.onnx.ONNXProgram,
+                  record: HookedExport) -> Path:
     """A markdown report of the hierarchical model: functions, verification, the model."""
     from onnx_modular.check.inspect import function_stats
 
@@ -312,7 +317,7 @@ def _export_on_the_dynamo_path(call: TorchScriptCall, session: HookSession) -> s
     return None
 
 
-def _first_export_that_works(call: TorchScriptCall) -> Any:
+def _first_export_that_works(call: TorchScriptCall) -> torch.onnx.ONNXProgram:
     """torch.onnx.export(dynamo=True) of ``call``, trying in turn: axes named alike as one
     dimension, then each on its own; without size specialization where an example size is
     0 or 1, then with it (a model may branch on that size). The first error is raised."""
