@@ -29,14 +29,12 @@ from onnx_modular.diagnostics import DiagnosticContext
 from onnx_modular.errors import rules
 from onnx_modular.lower.capture import capture
 from onnx_modular.lower.translate import check_opset
-from onnx_modular.parts.manifest import SHARED_HANDLING
 from onnx_modular.passes import stages as stage_pass
 from onnx_modular.passes.balance import StagePlan, balanced_plan
 from onnx_modular.passes.split import SplitPassResult
-from onnx_modular.passes.stages import STAGE_PREFIX, Stage
+from onnx_modular.passes.stages import Stage
 
-__all__ = ["SHARED_HANDLING", "STAGE_PREFIX", "Stage", "StagesResult", "plan_stages",
-           "split_by", "split_stages"]
+__all__ = ["Stage", "StagesResult", "plan_stages", "split_by", "split_stages"]
 
 
 def _module_names(model: Model) -> set[str] | None:

@@ -30,6 +30,7 @@ from onnx_modular.passes.split import (
     SplitPlan,
     build_split_module,
     describe_regions,
+    is_guard,
 )
 from onnx_modular.support.operator_support import CALLABLE_OPS
 
@@ -253,10 +254,6 @@ class Stage(Region):
         return "stage"
 
 
-def _is_guard(node: torch.fx.Node) -> bool:
-    return str(node.target).startswith("_guards_fn")
-
-
 class StagesPass(PassBase):
     """Cut a flat module (``program.module()`` of the decomposed program) into the stages
     of ``assignment`` (carried to its nodes), as ``SplitPass`` cuts acc/CPU regions."""
@@ -269,7 +266,7 @@ class StagesPass(PassBase):
         return f"split ({self.assignment.how})"
 
     def requires(self, graph_module: torch.fx.GraphModule) -> None:
-        nodes = [n for n in graph_module.graph.nodes if n.op in CALLABLE_OPS and not _is_guard(n)]
+        nodes = [n for n in graph_module.graph.nodes if n.op in CALLABLE_OPS and not is_guard(n)]
         if not nodes:  # every operator folded away in decomposition
             raise PassConditionError("a graph with at least one operator (nothing to split)")
         if any(n.op == "call_module" for n in nodes):
@@ -277,7 +274,7 @@ class StagesPass(PassBase):
 
     def ensures(self, graph_module: torch.fx.GraphModule) -> None:
         calls = [str(n.target) for n in graph_module.graph.nodes
-                 if n.op == "call_module" and not _is_guard(n)]
+                 if n.op == "call_module" and not is_guard(n)]
         if calls != [f"{STAGE_PREFIX}{i}" for i in range(len(calls))]:
             raise PassConditionError(f"stages called once each, in order (got {calls})")
 
@@ -306,7 +303,7 @@ def _stage_of_module_nodes(graph_module: torch.fx.GraphModule,
     """Stage of every compute node of the module; nodes it adds join their inputs."""
     result: dict[torch.fx.Node, int] = {}
     for node in graph_module.graph.nodes:
-        if node.op not in CALLABLE_OPS or _is_guard(node):
+        if node.op not in CALLABLE_OPS or is_guard(node):
             continue
         stage = stage_of.get(node.name)
         if stage is None:
