@@ -1,7 +1,7 @@
 """``om.export``: model -> hierarchical (or flat) ONNX.
 
-Capture once, translate once (torch.onnx, unoptimized so that every node still names its FX
-node), then the emit pipeline (:mod:`onnx_modular.emit.pipeline`).
+Lower once (:func:`onnx_modular.api.spine.lower`: capture, translate unoptimized so that every
+node still names its FX node, Modularize), then the emit pipeline on the whole translation.
 """
 
 from __future__ import annotations
@@ -17,14 +17,19 @@ import torch
 from onnx_modular._checkpoint import Checkpoint
 from onnx_modular._io import TWO_GB, save_model
 from onnx_modular._util import gc_paused
-from onnx_modular.api.spine import emit_program
+from onnx_modular.api.arguments import (
+    DynamicShapes,
+    ExampleArgs,
+    ExampleKwargs,
+    FunctionSelection,
+    Model,
+)
+from onnx_modular.api.spine import emit_whole, lower, needs_calls
 from onnx_modular.diagnostics import Diagnostic, DiagnosticContext, to_sarif
 from onnx_modular.emit.outline import OutlineReport
 from onnx_modular.emit.pipeline import EmitOptions
-from onnx_modular.lower.capture import capture
-from onnx_modular.lower.translate import check_opset, translate
+from onnx_modular.lower.translate import check_opset
 from onnx_modular.metadata import DIFFERS_FROM
-from onnx_modular.passes.stages import without_markers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,8 +83,9 @@ class ExportResult:
         return to_sarif(self.diagnostics)
 
 
-def export(model: Any, args: Any = (), kwargs: dict[str, Any] | None = None, *,
-           functions: Any = "all", dedupe: bool = True, dynamic_shapes: Any = None,
+def export(model: Model, args: ExampleArgs = (), kwargs: ExampleKwargs | None = None, *,
+           functions: FunctionSelection = "all", dedupe: bool = True,
+           dynamic_shapes: DynamicShapes | None = None,
            opset: int | None = None, optimize_model: bool = True,
            weights: Checkpoint | None = None,
            ctx: DiagnosticContext | None = None) -> ExportResult:
@@ -102,10 +108,8 @@ def export(model: Any, args: Any = (), kwargs: dict[str, Any] | None = None, *,
     # Export builds millions of small objects and keeps them to the end: full cyclic
     # collections meanwhile rescan the model again and again (10-20% of the export time).
     with gc_paused():
-        # pipe_split() markers cut stages (om.split_stages); a whole export ignores them
-        program = without_markers(capture(model, args, kwargs, dynamic_shapes, ctx,
-                                          weights=weights))
-        translation = translate(program, opset=opset, ctx=ctx)
-        report = emit_program(translation.model, translation.program, options, ctx)
-    return ExportResult(translation.model, ctx.diagnostics, translation.program,
-                        report.graph_module, report.outline)
+        lowered = lower(model, args, kwargs, dynamic_shapes, opset, ctx, weights=weights,
+                        with_calls=needs_calls(options))
+        report = emit_whole(lowered, options, ctx)
+    return ExportResult(lowered.model, ctx.diagnostics, lowered.program,
+                        None if options.flat else lowered.graph_module, report.outline)

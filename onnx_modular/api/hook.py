@@ -30,7 +30,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onnx_modular._compat import (
     replaced_torch_onnx_export,
@@ -38,13 +38,23 @@ from onnx_modular._compat import (
     size_oblivious,
     verify_onnx_program,
 )
-from onnx_modular.api.spine import emit_program
+from onnx_modular.api.arguments import FunctionSelection
+from onnx_modular.api.spine import emit_whole, lower_onnx_program, needs_calls
 from onnx_modular.api.torchscript_args import TorchScriptCall
-from onnx_modular.diagnostics import Diagnostic, DiagnosticContext, Level, OnnxModularError
+from onnx_modular.diagnostics import (
+    Diagnostic,
+    DiagnosticContext,
+    Level,
+    OnnxModularError,
+    to_sarif,
+)
 from onnx_modular.emit.optimize import optimize as optimize_keeping_functions
 from onnx_modular.emit.pipeline import EmitOptions
 from onnx_modular.errors import fail, rules
-from onnx_modular.lower.translate import MIN_HIERARCHICAL_OPSET, stable_stack_traces
+from onnx_modular.lower.translate import MIN_HIERARCHICAL_OPSET
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["HookSession", "HookWarning", "HookedExport", "hook"]
 
@@ -63,12 +73,16 @@ class HookedExport:
     path: str | None  # the file it wrote, where the call named one
     functions: tuple[str, ...]  # the local functions of the model it returned/wrote
     flat_reason: str | None  # why it stayed flat, or None
+    #: what lowering and the emit pipeline reported (as ``om.export``'s ``diagnostics``)
     diagnostics: list[Diagnostic]
     verification: list[tuple[str, float, float]] | None = None  # verify=True: name, abs, rel
 
     @property
     def hierarchical(self) -> bool:
         return bool(self.functions)
+
+    def to_sarif(self) -> dict[str, Any]:
+        return to_sarif(self.diagnostics)
 
     def __str__(self) -> str:
         where = self.path or "(in memory)"
@@ -138,15 +152,16 @@ def _hierarchical(original: Callable[..., Any]) -> Callable[..., Any]:
     return export_hierarchical
 
 
-def _emit(onnx_program: Any, session: HookSession, optimize: bool) -> HookedExport:
+def _emit(onnx_program: torch.onnx.ONNXProgram, session: HookSession,
+          optimize: bool) -> HookedExport:
     """The hook's emit pipeline on torch.onnx's unoptimized model; its findings kept."""
-    options = session.options
-    ctx = DiagnosticContext()
-    stable_stack_traces(onnx_program.model)  # byte-identical, as om.export
-    emit_program(onnx_program.model, onnx_program.exported_program,
-                 EmitOptions(options.functions, options.dedupe, optimize), ctx)
+    options = EmitOptions(session.options.functions, session.options.dedupe, optimize)
+    ctx = DiagnosticContext()  # one per export: its diagnostics are the record's
+    options.selection(ctx)  # a bad selection fails before modularizing
+    lowered = lower_onnx_program(onnx_program, ctx, with_calls=needs_calls(options))
+    emit_whole(lowered, options, ctx)
     functions = tuple(sorted({f.name for f in onnx_program.model.functions.values()}))
-    record = HookedExport(None, functions, None, list(ctx.diagnostics))
+    record = HookedExport(None, functions, None, ctx.diagnostics)
     session.exports.append(record)
     for diagnostic in ctx.of_level(Level.WARNING):
         _warn_or_raise(session, str(diagnostic))
@@ -167,7 +182,7 @@ def _warn_or_raise(session: HookSession, message: str) -> None:
     warnings.warn(f"onnx_modular.hook: {message}", HookWarning, stacklevel=5)
 
 
-def _keep_functions_on_optimize(onnx_program: Any) -> None:
+def _keep_functions_on_optimize(onnx_program: torch.onnx.ONNXProgram) -> None:
     """``ONNXProgram.optimize()`` inlines every function; on a hooked program it optimizes
     each body instead, so a pipeline that calls it keeps the hierarchy."""
     def optimize() -> None:
@@ -199,7 +214,7 @@ def _failure_reports_only(artifacts_dir: Any) -> Iterator[str | None]:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _verify(onnx_program: Any) -> list[tuple[str, float, float]]:
+def _verify(onnx_program: torch.onnx.ONNXProgram) -> list[tuple[str, float, float]]:
     """torch.onnx's ``verify=True`` on the hierarchical model; its thresholds, and a
     warning (torch only logs) when they are passed."""
     results = verify_onnx_program(onnx_program)
@@ -211,7 +226,8 @@ def _verify(onnx_program: Any) -> list[tuple[str, float, float]]:
     return results
 
 
-def _write_report(directory: Path, onnx_program: Any, record: HookedExport) -> Path:
+def _write_report(directory: Path, onnx_program: torch.onnx.ONNXProgram,
+                  record: HookedExport) -> Path:
     """A markdown report of the hierarchical model: functions, verification, the model."""
     from onnx_modular.check.inspect import function_stats
 
@@ -301,7 +317,7 @@ def _export_on_the_dynamo_path(call: TorchScriptCall, session: HookSession) -> s
     return None
 
 
-def _first_export_that_works(call: TorchScriptCall) -> Any:
+def _first_export_that_works(call: TorchScriptCall) -> torch.onnx.ONNXProgram:
     """torch.onnx.export(dynamo=True) of ``call``, trying in turn: axes named alike as one
     dimension, then each on its own; without size specialization where an example size is
     0 or 1, then with it (a model may branch on that size). The first error is raised."""
@@ -360,7 +376,7 @@ def _uninstall() -> None:
 
 
 @contextlib.contextmanager
-def hook(functions: Any = "all", dedupe: bool = True, strict: bool = False
+def hook(functions: FunctionSelection = "all", dedupe: bool = True, strict: bool = False
          ) -> Iterator[HookSession]:
     """Make unchanged ``torch.onnx.export`` calls of this thread return hierarchical models.
 

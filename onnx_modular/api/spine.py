@@ -1,37 +1,90 @@
-"""What every entry point does once a program is translated: Modularize it once, then emit.
+"""The spine every entry point shares: lower a model once, then emit.
 
-The FX stage (``passes/``) runs here, before ``emit/``: its result, each FX node's module
-calls, is handed to the emit pipeline as data, so the walk goes lower -> passes -> emit and
-never back up. ``om.export`` and ``om.hook`` emit the whole translation
-(:func:`emit_program`); ``om.split`` and the stages cut it into regions first and emit each
-with its share of the same chains (:func:`modularized`).
+Lowering is capture (``lower/``), marker removal, translation (``lower/``) and the
+Modularize pass (``passes/``), done here once per call of ``om.export``, ``om.split``,
+``om.split_stages`` / ``om.split_by`` and, from torch.onnx's own program, ``om.hook``. Its
+result, :class:`Lowered`, is handed on as data (the module calls of every FX node included),
+so ``emit/`` never calls back into ``passes/``: the walk is lower -> passes -> emit.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import onnx_ir as ir
 import torch
 
+from onnx_modular._checkpoint import Checkpoint
+from onnx_modular.api.arguments import DynamicShapes, ExampleArgs, ExampleKwargs, Model
 from onnx_modular.diagnostics import DiagnosticContext
 from onnx_modular.emit.pipeline import Chains, EmitOptions, EmitReport, emit_model, program_weights
+from onnx_modular.lower.capture import capture
+from onnx_modular.lower.translate import Translation, stable_stack_traces, translate
 from onnx_modular.passes.modularize import modularize, module_call_chains
+from onnx_modular.passes.stages import without_markers
 
 
-def modularized(program: torch.export.ExportedProgram, ctx: DiagnosticContext
-                ) -> tuple[torch.fx.GraphModule, Chains]:
-    """Modularize the (decomposed) program: the nested GraphModule and each node's calls."""
-    graph_module = modularize(program, ctx)
-    return graph_module, module_call_chains(graph_module)
+@dataclasses.dataclass(frozen=True)
+class Lowered:
+    """A model lowered once: the unoptimized translation and what Modularize made of it."""
+
+    translation: Translation  # the torch.onnx model and the decomposed program it came from
+    #: the program's module hierarchy (None where not asked for: a flat, unoptimized export)
+    graph_module: torch.fx.GraphModule | None
+    chains: Chains  # FX node name -> the module calls it ran in, outermost first
+    weights: frozenset[str]  # initializer names of the program's weights
+
+    @property
+    def model(self) -> ir.Model:
+        return self.translation.model
+
+    @property
+    def program(self) -> torch.export.ExportedProgram:
+        """The decomposed program, as translated."""
+        return self.translation.program
 
 
-def emit_program(model: ir.Model, program: torch.export.ExportedProgram,
-                 options: EmitOptions, ctx: DiagnosticContext) -> EmitReport:
-    """The emit pipeline on a whole translation of ``program`` (``om.export``, ``om.hook``)."""
-    options.selection(ctx)  # a bad selection fails before modularizing
-    graph_module: torch.fx.GraphModule | None = None
-    chains: Chains = {}
-    if options.optimize or not options.flat:  # a flat unoptimized model needs no chains
-        graph_module, chains = modularized(program, ctx)
-    report = emit_model(model, chains, program_weights(program), options, ctx)
-    report.graph_module = None if options.flat else graph_module
-    return report
+def lower(model: Model, args: ExampleArgs = (), kwargs: ExampleKwargs | None = None,
+          dynamic_shapes: DynamicShapes | None = None, opset: int | None = None,
+          ctx: DiagnosticContext | None = None, *, weights: Checkpoint | None = None,
+          with_calls: bool = True) -> Lowered:
+    """Capture ``model`` (an ExportedProgram passes through), drop ``pipe_split()`` markers,
+    translate with torch.onnx (unoptimized) and, unless ``with_calls`` is False, Modularize.
+
+    The opset is checked by the caller first: what it allows depends on the output.
+    """
+    ctx = ctx if ctx is not None else DiagnosticContext()
+    captured = capture(model, args, dict(kwargs) if kwargs is not None else None,
+                       dynamic_shapes, ctx, weights=weights)
+    # pipe_split() markers cut stages; they are no operator torch.onnx could translate
+    translation = translate(without_markers(captured), opset=opset, ctx=ctx)
+    return _with_calls(translation, ctx) if with_calls else _without_calls(translation)
+
+
+def lower_onnx_program(onnx_program: torch.onnx.ONNXProgram, ctx: DiagnosticContext, *,
+                       with_calls: bool = True) -> Lowered:
+    """What torch.onnx already lowered (``om.hook``: an unoptimized ``ONNXProgram``)."""
+    stable_stack_traces(onnx_program.model)  # byte-identical, as om.export
+    assert onnx_program.exported_program is not None  # the dynamo path keeps its program
+    translation = Translation(onnx_program.model, onnx_program.exported_program)
+    return _with_calls(translation, ctx) if with_calls else _without_calls(translation)
+
+
+def _with_calls(translation: Translation, ctx: DiagnosticContext) -> Lowered:
+    graph_module = modularize(translation.program, ctx)
+    return Lowered(translation, graph_module, module_call_chains(graph_module),
+                   program_weights(translation.program))
+
+
+def _without_calls(translation: Translation) -> Lowered:
+    return Lowered(translation, None, {}, program_weights(translation.program))
+
+
+def needs_calls(options: EmitOptions) -> bool:
+    """Only a flat, unoptimized model is emitted without the module calls."""
+    return options.optimize or not options.flat
+
+
+def emit_whole(lowered: Lowered, options: EmitOptions, ctx: DiagnosticContext) -> EmitReport:
+    """The emit pipeline on the whole translation, in place (``om.export``, ``om.hook``)."""
+    return emit_model(lowered.model, lowered.chains, lowered.weights, options, ctx)

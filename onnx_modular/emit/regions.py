@@ -4,13 +4,15 @@ The whole program is translated once; every ONNX node names the FX node it came 
 (``pkg.torch.onnx.fx_node``), so the region of an ONNX node is the region of its FX node.
 Values crossing a region border become graph outputs of the producing region and graph inputs
 (same name) of each consuming region; initializers go to every region that reads them.
+:func:`emit_regions` then runs each region model through the emit pipeline and holds every
+accelerator model to the ops its support keeps off it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import onnx_ir as ir
 import torch
@@ -19,8 +21,10 @@ from onnx_modular._compat import quiet_loggers
 from onnx_modular._io import proto_without_initializers
 from onnx_modular.diagnostics import DiagnosticContext
 from onnx_modular.emit.outline import merge_equal_functions
+from onnx_modular.emit.pipeline import Chains, EmitOptions, emit_model
 from onnx_modular.errors import rules
 from onnx_modular.metadata import REGION_KIND, fx_name
+from onnx_modular.support.operator_support import OnnxOp, OpEntry, onnx_display
 
 SPLIT_DOMAIN = "onnx_modular.split"
 _TORCH_TO_IR = {
@@ -368,3 +372,59 @@ def op_types_in(model: ir.Model) -> dict[tuple[str, str], list[str]]:
             if where not in places:
                 places.append(where)
     return found
+
+
+class PlannedRegion(Protocol):
+    """A region as the FX split planned it (``passes.split.Region``): its FX nodes."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def node_names(self) -> Sequence[str]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class AccLimits:
+    """ONNX ops no accelerator model may hold, and the support's allow/deny entries (why)."""
+
+    forbidden_ops: frozenset[OnnxOp] = frozenset()
+    entries: tuple[OpEntry, ...] = ()
+
+
+def emit_regions(model: ir.Model, regions: Sequence[PlannedRegion],
+                 fx_meta: Callable[[str], Any], chains: Chains, weights: frozenset[str],
+                 options: EmitOptions, limits: AccLimits, ctx: DiagnosticContext
+                 ) -> list[RegionGraph]:
+    """One standalone, emitted model per region, cut from the translation ``model``.
+
+    Each region gets its share of ``chains`` (:func:`region_chains`); accelerator regions
+    are emitted avoiding ``limits.forbidden_ops`` and then checked for them.
+    """
+    index = {n: i for i, r in enumerate(regions) for n in r.node_names}
+    graphs = partition(model, [(r.name, r.kind) for r in regions], index, fx_meta, ctx)
+    acc_options = dataclasses.replace(
+        options, avoid_ops=frozenset(op for _, op in limits.forbidden_ops))
+    for graph, chain in zip(graphs, region_chains(chains, index, len(graphs)), strict=True):
+        with ctx.scope(graph.name):
+            emit_model(graph.model, chain, weights,
+                       acc_options if graph.is_acc else options, ctx)
+            if graph.is_acc:
+                check_acc_model(graph, limits, ctx)
+    return graphs
+
+
+def check_acc_model(graph: RegionGraph, limits: AccLimits, ctx: DiagnosticContext) -> None:
+    """The final word on a denied op: the emitted acc model, function bodies included."""
+    held = op_types_in(graph.model)
+    for op in sorted(limits.forbidden_ops & set(held)):
+        denied = any(e.onnx == op and e.kind == "deny" for e in limits.entries)
+        why = (f"'{onnx_display(op)}' is denied" if denied else
+               "only nodes the support keeps off the accelerator emit it")
+        raise ctx.error(rules.DENIED_ON_ACC, reason=(
+            f"accelerator region '{graph.name}' holds {op[1]} ({held[op][0]}) although "
+            f"{why}; the emit pipeline made it from supported nodes — this is a bug, "
+            "please report it (workaround: deny the ops it was made from)"))

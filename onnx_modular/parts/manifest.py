@@ -34,6 +34,7 @@ import onnx_ir as ir
 
 from onnx_modular._io import (
     TWO_GB,
+    atomic_write_bytes,
     atomic_write_text,
     clean_stale_temporaries,
     pid_alive,
@@ -47,6 +48,8 @@ MANIFEST_FORMAT = "onnx_modular.parts"
 MANIFEST_VERSION = 1
 #: A part whose weights exceed this many bytes keeps them in a data file beside it.
 EXTERNAL_DATA_ABOVE = TWO_GB
+#: what each stage reading a shared weight holds: its own copy
+SHARED_HANDLING = "copied"
 
 
 def dtype_name(value: ir.Value) -> str | None:
@@ -86,8 +89,10 @@ def spec_dumps(spec: Any) -> str | None:
 
 def build_manifest(model_graph: ir.Graph, parts: Sequence[Any], *, kind: str,
                    in_spec: Any = None, out_spec: Any = None,
-                   fx_nodes: Mapping[str, int] | None = None) -> dict[str, Any]:
-    """The manifest of ``parts`` (``RegionGraph``s, in order) cut from ``model_graph``."""
+                   fx_nodes: Mapping[str, int] | None = None,
+                   split_by: str | None = None) -> dict[str, Any]:
+    """The manifest of ``parts`` (``RegionGraph``s, in order) cut from ``model_graph``;
+    ``split_by`` (stages only): how they were cut, with where each stage's weights went."""
     entries = []
     for part in parts:
         graph = part.model.graph
@@ -102,7 +107,7 @@ def build_manifest(model_graph: ir.Graph, parts: Sequence[Any], *, kind: str,
             "outputs": [value_entry(v, to=part.consumers.get(v.name or "", []))
                         for v in graph.outputs],
         })
-    return {
+    manifest = {
         "format": MANIFEST_FORMAT,
         "version": MANIFEST_VERSION,
         "kind": kind,
@@ -112,6 +117,32 @@ def build_manifest(model_graph: ir.Graph, parts: Sequence[Any], *, kind: str,
         "out_spec": spec_dumps(out_spec),
         "regions": entries,
     }
+    if split_by is not None:
+        for entry, part in zip(entries, parts, strict=True):
+            entry["parameters"] = len(part.weights)
+            entry["parameter_bytes"] = sum(part.weights.values())
+        manifest["split_by"] = split_by
+        manifest["shared_parameters"] = shared_parameters(parts)
+    return manifest
+
+
+def shared_parameters(parts: Sequence[Any]) -> dict[str, dict[str, Any]]:
+    """Weights read by more than one part (``RegionGraph.weights``): each holds a copy."""
+    parts_of: dict[str, list[str]] = {}
+    size: dict[str, int] = {}
+    for part in parts:
+        for name, nbytes in part.weights.items():
+            parts_of.setdefault(name, []).append(part.name)
+            size[name] = nbytes
+    return {name: {"stages": where, "bytes": size[name], "handling": SHARED_HANDLING}
+            for name, where in parts_of.items() if len(where) > 1}
+
+
+def save_single(path: str | os.PathLike[str], model: ir.Model) -> Path:
+    """The single-file split (regions as local functions), written atomically."""
+    target = Path(path)
+    atomic_write_bytes(target, ir.serde.serialize_model(model).SerializeToString())
+    return target
 
 
 def save_parts(directory: str | os.PathLike[str], parts: Sequence[Any],

@@ -2,7 +2,14 @@
 
 Each pass runs inside a scope of a :class:`DiagnosticContext`; a failure inside a
 pass becomes an :class:`OnnxModularError` that names the rule, the pass and, where
-the pass knows it, the module path / FX node / source line. Passes run with the cyclic
+the pass knows it, the module path / FX node / source line. After every pass its output
+graph is linted, then held to the pass's ``ensures``.
+
+The pipeline calls its passes directly: each entry point's FX stage is Modularize (on the
+decomposed program's graph) and at most one partition pass (``SplitPass`` or
+``StagesPass``, on the flat ``program.module()``), two passes over two different modules
+with nothing to thread between them. :class:`PassManager` is for running a sequence of
+passes on one module (user passes included). Passes run with the cyclic
 GC paused: they build many small graph objects and keep them, and collections meanwhile
 rescan the whole heap again and again (superlinear in the graph's size).
 """
@@ -73,10 +80,20 @@ class PassBase(abc.ABC):
                 ctx.log(rules.GRAPH_SNAPSHOT, Level.NOTE, detail=str(result.graph_module.graph),
                         when="after", pass_name=self.name)
             try:
+                _check_structure(result.graph_module)
                 self.ensures(result.graph_module)
             except PassConditionError as e:
                 raise ctx.error(rules.POSTCONDITION, pass_name=self.name, reason=str(e)) from e
         return result
+
+
+def _check_structure(graph_module: torch.fx.GraphModule) -> None:
+    """Every pass's output is a well-formed graph (``Graph.lint``: each value defined before
+    it is used, names unique, an output node last), whatever the pass itself ensures."""
+    try:
+        graph_module.graph.lint()
+    except (RuntimeError, ValueError) as e:  # the message ends with the whole graph
+        raise PassConditionError(f"a well-formed graph ({str(e).splitlines()[0]})") from e
 
 
 @dataclasses.dataclass

@@ -46,7 +46,7 @@ from onnx_modular._util import class_identifier, common_prefix
 from onnx_modular.diagnostics import DiagnosticContext, Location
 from onnx_modular.errors import rules
 from onnx_modular.metadata import FX_CALL, FX_NAME, NO_MODULE, CallInfo
-from onnx_modular.passes.infra import PassBase, PassConditionError, PassManager, PassResult
+from onnx_modular.passes.infra import PassBase, PassConditionError, PassResult
 
 #: A module call in a node's chain: (call_id, module_path, module_type).
 _Frame = tuple[str, str, str]
@@ -719,7 +719,7 @@ def modularize(program: Any, ctx: DiagnosticContext | None = None) -> torch.fx.G
         raise ctx.error(rules.UNSUPPORTED_INPUT, reason=(
             "modularize() takes a torch.export.ExportedProgram or a torch.fx.GraphModule "
             f"carrying nn_module_stack meta, got {type(program).__name__}"))
-    return PassManager([modularize_pass], ctx)(graph_module).graph_module
+    return modularize_pass(graph_module, ctx).graph_module
 
 
 def _root_type_of(program: torch.export.ExportedProgram) -> str:

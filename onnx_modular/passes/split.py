@@ -126,7 +126,7 @@ def value_bytes(node: torch.fx.Node) -> int:
     return size(node.meta.get("val"))
 
 
-def _is_guard(node: torch.fx.Node) -> bool:
+def is_guard(node: torch.fx.Node) -> bool:
     """``ep.module()`` adds a ``_guards_fn`` call that checks inputs; it stays at top level."""
     return node.op == "call_module" and str(node.target).startswith("_guards_fn")
 
@@ -355,7 +355,7 @@ def plan_split(graph_module: torch.fx.GraphModule, support: OperatorSupport, *,
     """Decide the regions of ``graph_module`` (no graph is changed)."""
     nodes = list(graph_module.graph.nodes)
     index = {n: i for i, n in enumerate(nodes)}
-    callables = [n for n in nodes if n.op in CALLABLE_OPS and not _is_guard(n)]
+    callables = [n for n in nodes if n.op in CALLABLE_OPS and not is_guard(n)]
     supported_ops: collections.Counter[str] = collections.Counter()
     unsupported_ops: collections.Counter[str] = collections.Counter()
     why: dict[tuple[str, bool], collections.Counter[str]] = {}
@@ -458,7 +458,7 @@ def build_split_module(graph_module: torch.fx.GraphModule, plan: SplitPlan
     for n in graph_module.graph.nodes:
         if n.op == "placeholder":
             env[n] = top.node_copy(n)
-        elif _is_guard(n):
+        elif is_guard(n):
             env[n] = top.node_copy(n, top_arg)
             root[str(n.target)] = _fetch_attr(graph_module, str(n.target))
 
@@ -537,15 +537,15 @@ class SplitPass(PassBase):
                             ("max_acc_splits", self.max_acc_splits)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise PassConditionError(f"{name} must be an int, got {value!r}")
-        if not any(n.op in CALLABLE_OPS and not _is_guard(n) for n in graph_module.graph.nodes):
+        if not any(n.op in CALLABLE_OPS and not is_guard(n) for n in graph_module.graph.nodes):
             raise PassConditionError("a graph with at least one operator (nothing to split)")
-        if any(n.op == "call_module" and not _is_guard(n) for n in graph_module.graph.nodes):
+        if any(n.op == "call_module" and not is_guard(n) for n in graph_module.graph.nodes):
             raise PassConditionError("a flat graph (no call_module nodes); split the program "
                                      "before modularizing it")
 
     def ensures(self, graph_module: torch.fx.GraphModule) -> None:
         calls = [n for n in graph_module.graph.nodes
-                 if n.op == "call_module" and not _is_guard(n)]
+                 if n.op == "call_module" and not is_guard(n)]
         for a, b in itertools.pairwise(calls):
             if str(a.target).startswith(ACC_PREFIX) == str(b.target).startswith(ACC_PREFIX):
                 raise PassConditionError(f"alternating regions ({a.target} and {b.target} "
@@ -575,7 +575,7 @@ class SplitPass(PassBase):
                        ctx: DiagnosticContext) -> None:
         """Allow/deny entries that match nothing (or miss where the op hides): warnings."""
         nodes = [n for n in graph_module.graph.nodes
-                 if n.op in CALLABLE_OPS and not _is_guard(n)]
+                 if n.op in CALLABLE_OPS and not is_guard(n)]
         acc_names = {name for r in plan.regions if r.is_acc for name in r.node_names}
         on_acc = {n for n in nodes if n.name in acc_names}
         for finding in entry_findings(self.support, nodes, self.context, on_acc):

@@ -6,8 +6,9 @@ Three ways to say it, as in PiPPy and ``split_module``:
 - ``split_points={"h.4": "beginning", "h.9": "end"}`` at module boundaries,
 - a ``node -> int`` callback.
 
-The result is a :class:`StageAssignment` on the captured (not yet decomposed) program; the
-emitter carries it to the decomposed nodes through their ``from_node`` provenance.
+The result is a :class:`StageAssignment` on the captured (not yet decomposed) program;
+:func:`decomposed_assignment` carries it to the decomposed nodes through their ``from_node``
+provenance, and :class:`StagesPass` cuts the decomposed program's module into the stages.
 """
 
 from __future__ import annotations
@@ -22,6 +23,18 @@ import torch.fx
 
 from onnx_modular.diagnostics import DiagnosticContext, Location
 from onnx_modular.errors import rules
+from onnx_modular.passes.infra import PassBase, PassConditionError, PassResult
+from onnx_modular.passes.split import (
+    Region,
+    SplitPassResult,
+    SplitPlan,
+    build_split_module,
+    describe_regions,
+    is_guard,
+)
+from onnx_modular.support.operator_support import CALLABLE_OPS
+
+STAGE_PREFIX = "stage_"
 
 _LIB = torch.library.Library("onnx_modular", "FRAGMENT")
 _LIB.define("pipe_split() -> ()")
@@ -228,3 +241,72 @@ def _stage_of_source(source: object, stage_of: dict[str, int]) -> int | None:
         if found is not None:
             return found
     return None
+
+
+# ---- the pass ---------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Stage(Region):
+    """One pipeline stage; runs on the accelerator providers like an acc region."""
+
+    @property
+    def kind(self) -> str:
+        return "stage"
+
+
+class StagesPass(PassBase):
+    """Cut a flat module (``program.module()`` of the decomposed program) into the stages
+    of ``assignment`` (carried to its nodes), as ``SplitPass`` cuts acc/CPU regions."""
+
+    def __init__(self, assignment: StageAssignment) -> None:
+        self.assignment = assignment
+
+    @property
+    def name(self) -> str:
+        return f"split ({self.assignment.how})"
+
+    def requires(self, graph_module: torch.fx.GraphModule) -> None:
+        nodes = [n for n in graph_module.graph.nodes if n.op in CALLABLE_OPS and not is_guard(n)]
+        if not nodes:  # every operator folded away in decomposition
+            raise PassConditionError("a graph with at least one operator (nothing to split)")
+        if any(n.op == "call_module" for n in nodes):
+            raise PassConditionError("a flat graph (no call_module nodes)")
+
+    def ensures(self, graph_module: torch.fx.GraphModule) -> None:
+        calls = [str(n.target) for n in graph_module.graph.nodes
+                 if n.op == "call_module" and not is_guard(n)]
+        if calls != [f"{STAGE_PREFIX}{i}" for i in range(len(calls))]:
+            raise PassConditionError(f"stages called once each, in order (got {calls})")
+
+    def call(self, graph_module: torch.fx.GraphModule, ctx: DiagnosticContext) -> PassResult:
+        stage_of = _stage_of_module_nodes(graph_module, self.assignment.stage_of)
+        index = {n: i for i, n in enumerate(graph_module.graph.nodes)}
+        members: list[list[torch.fx.Node]] = [[] for _ in range(self.assignment.count)]
+        for node, stage in stage_of.items():
+            members[stage].append(node)
+        # a stage may vanish in decomposition (it held only nodes that fold away)
+        described = describe_regions([(True, ns) for ns in members if ns], index)
+        stages: list[Region] = [
+            Stage(**{**dataclasses.asdict(r), "name": f"{STAGE_PREFIX}{i}"})
+            for i, r in enumerate(described)]
+        plan = SplitPlan(stages, regions_before_merge=(len(stages), 0))
+        for stage in stages:
+            ctx.note(rules.SPLIT_PREVIEW, reason=(
+                f"{stage.name}: {len(stage.node_names)} node(s), {len(stage.inputs)} "
+                f"input(s) ({stage.input_bytes} bytes), {len(stage.outputs)} output(s) "
+                f"({stage.output_bytes} bytes)"))
+        return SplitPassResult(build_split_module(graph_module, plan), True, plan)
+
+
+def _stage_of_module_nodes(graph_module: torch.fx.GraphModule,
+                           stage_of: Mapping[str, int]) -> dict[torch.fx.Node, int]:
+    """Stage of every compute node of the module; nodes it adds join their inputs."""
+    result: dict[torch.fx.Node, int] = {}
+    for node in graph_module.graph.nodes:
+        if node.op not in CALLABLE_OPS or is_guard(node):
+            continue
+        stage = stage_of.get(node.name)
+        if stage is None:
+            stage = max((result.get(a, 0) for a in node.all_input_nodes), default=0)
+        result[node] = stage
+    return result
