@@ -11,12 +11,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import functools
 import re
 import string
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path, PurePath
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 TOOL_NAME = "onnx_modular"
@@ -231,11 +232,6 @@ class DiagnosticContext:
     def warn(self, rule: Rule, location: Location | None = None, **fmt: Any) -> Diagnostic:
         return self.log(rule, Level.WARNING, location, **fmt)
 
-    def error(self, rule: Rule, location: Location | None = None, **fmt: Any) -> OnnxModularError:
-        """Deprecated, to go: ``raise fail(reason, rule, location, **fields)`` inside a
-        scope instead. Records the error now and returns the exception to raise."""
-        return OnnxModularError(self.log(rule, Level.ERROR, location, **fmt))
-
     def extend(self, diagnostics: list[Diagnostic]) -> None:
         self.diagnostics.extend(diagnostics)
 
@@ -270,3 +266,23 @@ def to_sarif(diagnostics: list[Diagnostic]) -> dict[str, Any]:
         }],
     }
 
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def records_failures(entry: Callable[P, R]) -> Callable[P, R]:
+    """An entry point taking ``ctx=``: its user errors land in that context too (the run's
+    log, SARIF on failure); the context is made here when the caller gives none."""
+
+    @functools.wraps(entry)
+    def recorded(*args: P.args, **kwargs: P.kwargs) -> R:
+        ctx = kwargs.get("ctx")
+        if ctx is None:
+            ctx = kwargs["ctx"] = DiagnosticContext()
+        assert isinstance(ctx, DiagnosticContext)
+        with ctx.recording_failures():
+            return entry(*args, **kwargs)
+
+    return recorded

@@ -132,9 +132,11 @@ def test_an_error_leaving_a_scope_is_recorded_once_under_that_scope() -> None:
 
 def test_an_error_recorded_already_is_not_recorded_again() -> None:
     ctx = DiagnosticContext()
-    with pytest.raises(OnnxModularError), ctx.scope("Pass"):
-        raise ctx.error(rules.SPLIT_POINT, reason="the deprecated spelling")
+    with pytest.raises(OnnxModularError), ctx.recording_failures(), ctx.scope("Pass"), \
+            ctx.recording_failures():
+        raise fail("twice through", rules.SPLIT_POINT)
     assert len(ctx.diagnostics) == 1 and ctx.diagnostics[0].scope == "Pass"
+    assert not hasattr(ctx, "error")  # one way to raise: fail(...)
 
 
 def test_failures_are_recorded_outside_any_scope_where_asked() -> None:

@@ -25,7 +25,7 @@ from onnx_modular.api.arguments import (
     Model,
 )
 from onnx_modular.api.spine import emit_whole, lower, needs_calls
-from onnx_modular.diagnostics import Diagnostic, DiagnosticContext, to_sarif
+from onnx_modular.diagnostics import Diagnostic, DiagnosticContext, records_failures, to_sarif
 from onnx_modular.emit.outline import OutlineReport
 from onnx_modular.emit.pipeline import EmitOptions
 from onnx_modular.lower.translate import check_opset
@@ -83,6 +83,7 @@ class ExportResult:
         return to_sarif(self.diagnostics)
 
 
+@records_failures
 def export(model: Model, args: ExampleArgs = (), kwargs: ExampleKwargs | None = None, *,
            functions: FunctionSelection = "all", dedupe: bool = True,
            dynamic_shapes: DynamicShapes | None = None,
@@ -103,11 +104,11 @@ def export(model: Model, args: ExampleArgs = (), kwargs: ExampleKwargs | None = 
     if not isinstance(args, tuple):
         args = (args,)
     options = EmitOptions(functions, dedupe, optimize_model)
-    options.selection(ctx)  # a bad selection fails now, not after seconds of export
-    check_opset(opset, flat=options.flat, ctx=ctx)
     # Export builds millions of small objects and keeps them to the end: full cyclic
     # collections meanwhile rescan the model again and again (10-20% of the export time).
     with gc_paused():
+        options.selection()  # a bad selection fails now, not after seconds of export
+        check_opset(opset, flat=options.flat, ctx=ctx)
         lowered = lower(model, args, kwargs, dynamic_shapes, opset, ctx, weights=weights,
                         with_calls=needs_calls(options))
         report = emit_whole(lowered, options, ctx)

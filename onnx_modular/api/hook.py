@@ -157,9 +157,10 @@ def _emit(onnx_program: torch.onnx.ONNXProgram, session: HookSession,
     """The hook's emit pipeline on torch.onnx's unoptimized model; its findings kept."""
     options = EmitOptions(session.options.functions, session.options.dedupe, optimize)
     ctx = DiagnosticContext()  # one per export: its diagnostics are the record's
-    options.selection(ctx)  # a bad selection fails before modularizing
-    lowered = lower_onnx_program(onnx_program, ctx, with_calls=needs_calls(options))
-    emit_whole(lowered, options, ctx)
+    with ctx.recording_failures():
+        options.selection()  # a bad selection fails before modularizing
+        lowered = lower_onnx_program(onnx_program, ctx, with_calls=needs_calls(options))
+        emit_whole(lowered, options, ctx)
     functions = tuple(sorted({f.name for f in onnx_program.model.functions.values()}))
     record = HookedExport(None, functions, None, ctx.diagnostics)
     session.exports.append(record)
@@ -393,7 +394,7 @@ def hook(functions: FunctionSelection = "all", dedupe: bool = True, strict: bool
     # A bad selection fails here, at the ``with``, not inside torch.onnx.export after
     # seconds of capture and translation (where torch would wrap it in its own report).
     options = EmitOptions(functions, dedupe)
-    options.selection(DiagnosticContext())
+    options.selection()
     session = HookSession(options, strict)
     _install()
     _open.set((*_open.get(), session))

@@ -18,7 +18,7 @@ from onnx_modular.api.arguments import ExampleArgs, ExampleKwargs, Model, Suppor
 from onnx_modular.api.render import print_preview
 from onnx_modular.api.result import SplitResult
 from onnx_modular.api.spine import lower
-from onnx_modular.diagnostics import DiagnosticContext
+from onnx_modular.diagnostics import DiagnosticContext, records_failures
 from onnx_modular.emit.regions import AccLimits
 from onnx_modular.lower.translate import check_opset
 from onnx_modular.passes.split import SplitPass, SplitPassResult, SplitPlan, check_limits
@@ -35,6 +35,7 @@ from onnx_modular.support.operator_support import (
 __all__ = ["SplitResult", "print_preview", "split"]
 
 
+@records_failures
 def split(model: Model, args: ExampleArgs = (), *, support: SupportSpec,
           min_acc_module_size: int = 1, max_acc_splits: int = -1,
           allow_non_tensor: bool = False, skip_fusion: bool = False,

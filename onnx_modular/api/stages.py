@@ -25,8 +25,8 @@ from onnx_modular._checkpoint import Checkpoint
 from onnx_modular.api.arguments import ExampleArgs, ExampleKwargs, Model, SplitPoints
 from onnx_modular.api.result import SplitResult, StagesResult
 from onnx_modular.api.spine import lower
-from onnx_modular.diagnostics import DiagnosticContext
-from onnx_modular.errors import rules
+from onnx_modular.diagnostics import DiagnosticContext, records_failures
+from onnx_modular.errors import fail, rules
 from onnx_modular.lower.capture import capture
 from onnx_modular.lower.translate import check_opset
 from onnx_modular.passes import stages as stage_pass
@@ -49,18 +49,19 @@ def _capture(model: Model, args: ExampleArgs | None, kwargs: ExampleKwargs | Non
     """The program, refused up front (as ``om.split`` refuses it) when it has no operator:
     its one stage would be empty, a parts directory SplitRunner rejects."""
     if isinstance(model, torch.nn.Module) and args is None and not kwargs:
-        raise ctx.error(rules.BAD_INPUT, reason=(
+        raise fail(rule=rules.BAD_INPUT, reason=(
             f"example inputs are needed to capture {type(model).__name__}: pass args= "
             "(or an ExportedProgram)"))
     program = capture(model, args if args is not None else (),
                       dict(kwargs) if kwargs is not None else None, ctx=ctx,
                       weights=weights, meta_ok=meta_ok)
     if not stage_pass.has_operators(program):
-        raise ctx.error(rules.PRECONDITION, pass_name=entry,
+        raise fail(rule=rules.PRECONDITION, pass_name=entry,
                         reason="a graph with at least one operator (nothing to split)")
     return program
 
 
+@records_failures
 def plan_stages(model: Model, args: ExampleArgs | None = None, *,
                 num_stages: int | None = None, max_stage_bytes: int | None = None,
                 kwargs: ExampleKwargs | None = None, weights: Checkpoint | None = None,
@@ -73,6 +74,7 @@ def plan_stages(model: Model, args: ExampleArgs | None = None, *,
     return balanced_plan(stage_pass.without_markers(program), num_stages, max_stage_bytes, ctx)
 
 
+@records_failures
 def split_stages(model: Model, args: ExampleArgs | None = None,
                  split_points: SplitPoints | None = None, *,
                  num_stages: int | None = None, max_stage_bytes: int | None = None,
@@ -97,10 +99,10 @@ def split_stages(model: Model, args: ExampleArgs | None = None,
     program = _capture(model, args, kwargs, ctx, "split_stages", weights)
     if num_stages is not None or max_stage_bytes is not None:
         if split_points:
-            raise ctx.error(rules.SPLIT_POINT, reason=(
+            raise fail(rule=rules.SPLIT_POINT, reason=(
                 "give split_points or num_stages/max_stage_bytes, not both"))
         if stage_pass.from_markers(program).count > 1:
-            raise ctx.error(rules.SPLIT_POINT, reason=(
+            raise fail(rule=rules.SPLIT_POINT, reason=(
                 "the model has om.pipe_split() markers; num_stages/max_stage_bytes cut by "
                 "themselves (remove the markers, or leave both out)"))
         plan = balanced_plan(program, num_stages, max_stage_bytes, ctx)
@@ -115,6 +117,7 @@ def split_stages(model: Model, args: ExampleArgs | None = None,
     return _cut(program, assignment, ctx, opset, hierarchical)
 
 
+@records_failures
 def split_by(model_or_program: Model, callback: Callable[[torch.fx.Node], int],
              args: ExampleArgs | None = None, kwargs: ExampleKwargs | None = None, *,
              opset: int | None = None, hierarchical: bool = True,

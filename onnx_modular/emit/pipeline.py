@@ -18,7 +18,6 @@ one :class:`~onnx_ir.passes.Sequential`, so a failure names the step it happened
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from typing import Any
 
@@ -58,18 +57,16 @@ class EmitOptions:
     def flat(self) -> bool:
         return isinstance(self.functions, str) and self.functions == "none"
 
-    def selection(self, ctx: DiagnosticContext | None = None) -> Select | None:
-        """The calls to outline; a form ``functions=`` cannot take is one clear error
-        (recorded in ``ctx`` where one is given)."""
-        with ctx.recording_failures() if ctx is not None else contextlib.nullcontext():
-            try:
-                # flat: outline everything, then inline it (invariant 2: same ops, topology)
-                return selector("all" if self.flat else self.functions)
-            except TypeError as e:
-                raise fail(
-                    "functions= takes 'all', 'none', or an iterable of module classes, class "
-                    f"names or module paths, got {self.functions!r}",
-                    rules.UNSUPPORTED_INPUT) from e
+    def selection(self) -> Select | None:
+        """The calls to outline; a form ``functions=`` cannot take is one clear error."""
+        try:
+            # flat: outline everything, then inline it (invariant 2: same ops, topology)
+            return selector("all" if self.flat else self.functions)
+        except TypeError as e:
+            raise fail(
+                "functions= takes 'all', 'none', or an iterable of module classes, class "
+                f"names or module paths, got {self.functions!r}",
+                rules.UNSUPPORTED_INPUT) from e
 
 
 @dataclasses.dataclass
@@ -77,7 +74,6 @@ class EmitReport:
     """What the pipeline did: filled by its passes as they run."""
 
     outline: OutlineReport | None = None
-    graph_module: torch.fx.GraphModule | None = None  # the modularized program, if any
 
 
 # ---- running it ------------------------------------------------------------------------------
@@ -91,7 +87,7 @@ def emit_model(model: ir.Model, chains: Chains, weights: frozenset[str] | set[st
     initializer names of the program's parameters, buffers and lifted constants.
     """
     with ctx.recording_failures():
-        select = options.selection(ctx)
+        select = options.selection()
         report = EmitReport()
         with ctx.scope("Emit"):
             _run(ir.passes.Sequential(*_steps(options, chains, weights, select, report)), model)

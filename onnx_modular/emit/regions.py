@@ -22,7 +22,7 @@ from onnx_modular._io import proto_without_initializers
 from onnx_modular.diagnostics import DiagnosticContext
 from onnx_modular.emit.outline import merge_equal_functions
 from onnx_modular.emit.pipeline import Chains, EmitOptions, emit_model
-from onnx_modular.errors import rules
+from onnx_modular.errors import fail, rules
 from onnx_modular.metadata import REGION_KIND, fx_name
 from onnx_modular.support.operator_support import OnnxOp, OpEntry, onnx_display
 
@@ -199,7 +199,7 @@ def partition(model: ir.Model, region_names: Sequence[tuple[str, str]],
                 nodes_of[r].insert(0, clone)
                 continue
             if p_region is not None and p_region > r:
-                raise ctx.error(rules.TRANSLATION, reason=(
+                raise fail(rule=rules.TRANSLATION, reason=(
                     f"ONNX value '{v.name}' of region {region_names[p_region][0]} is read by "
                     f"the earlier region {region_names[r][0]}"))
             _fill_type(v, fx_meta)
@@ -227,7 +227,7 @@ def partition(model: ir.Model, region_names: Sequence[tuple[str, str]],
         if v in graph_inputs:
             continue  # a model input returned as is: the runner has it from the start
         if v.producer() is None or v.producer() not in region:
-            raise ctx.error(rules.TRANSLATION, reason=(
+            raise fail(rule=rules.TRANSLATION, reason=(
                 f"model output '{v.name}' is not computed by any region (a constant returned "
                 "as is cannot be split)"))
 
@@ -424,7 +424,7 @@ def check_acc_model(graph: RegionGraph, limits: AccLimits, ctx: DiagnosticContex
         denied = any(e.onnx == op and e.kind == "deny" for e in limits.entries)
         why = (f"'{onnx_display(op)}' is denied" if denied else
                "only nodes the support keeps off the accelerator emit it")
-        raise ctx.error(rules.DENIED_ON_ACC, reason=(
+        raise fail(rule=rules.DENIED_ON_ACC, reason=(
             f"accelerator region '{graph.name}' holds {op[1]} ({held[op][0]}) although "
             f"{why}; the emit pipeline made it from supported nodes — this is a bug, "
             "please report it (workaround: deny the ops it was made from)"))

@@ -15,7 +15,7 @@ import torch
 from onnx_modular._checkpoint import Checkpoint, bound_weights, check_checkpoint, meta_tensor
 from onnx_modular._compat import quiet_libraries, tree_leaves
 from onnx_modular.diagnostics import DiagnosticContext, Location
-from onnx_modular.errors import rules
+from onnx_modular.errors import fail, rules
 
 
 def capture(model: Any, args: Any = (), kwargs: dict[str, Any] | None = None,
@@ -36,13 +36,13 @@ def capture(model: Any, args: Any = (), kwargs: dict[str, Any] | None = None,
     elif isinstance(model, torch.nn.Module) and not meta_ok:
         on_meta = meta_tensor(model)
         if on_meta is not None:
-            raise ctx.error(rules.UNSUPPORTED_INPUT, Location(module_path=""), reason=(
+            raise fail(rule=rules.UNSUPPORTED_INPUT, location=Location(module_path=""), reason=(
                 f"'{on_meta}' of {type(model).__name__} is on the meta device (no data): "
                 "pass its checkpoint as weights= (--weights on the command line)"))
     if isinstance(model, torch.export.ExportedProgram):
         return model
     if not isinstance(model, torch.nn.Module):
-        raise ctx.error(rules.UNSUPPORTED_INPUT, reason=(
+        raise fail(rule=rules.UNSUPPORTED_INPUT, reason=(
             f"the model must be an nn.Module or an ExportedProgram, got {type(model).__name__}"))
     if not isinstance(args, tuple):
         args = tuple(args) if isinstance(args, list) else (args,)
@@ -54,7 +54,7 @@ def capture(model: Any, args: Any = (), kwargs: dict[str, Any] | None = None,
     except Exception as e:
         lines = [line for line in str(e).strip().splitlines() if line.strip()]
         first = lines[0] if lines else ""
-        raise ctx.error(rules.EXPORT_FAILED, failing_module(model, e), reason=(
+        raise fail(rule=rules.EXPORT_FAILED, location=failing_module(model, e), reason=(
             f"torch.export failed on {type(model).__name__}: {type(e).__name__}: {first}"
         )) from e
     check_outputs(program, type(model).__name__, ctx)
@@ -85,12 +85,12 @@ def check_outputs(program: torch.export.ExportedProgram, name: str,
     for k, spec in enumerate(outputs):
         if isinstance(spec.arg, ConstantArgument) and spec.arg.value is not None:
             value = spec.arg.value
-            raise ctx.error(rules.UNSUPPORTED_INPUT, Location(module_path=""), reason=(
+            raise fail(rule=rules.UNSUPPORTED_INPUT, location=Location(module_path=""), reason=(
                 f"output #{k} of {name}.forward() is a constant Python "
                 f"{type(value).__name__} ({value!r:.40}), not a tensor: ONNX outputs are "
                 "tensors; return torch.tensor(...) or leave it out"))
     if not [s for s in outputs if not isinstance(s.arg, ConstantArgument)]:
-        raise ctx.error(rules.UNSUPPORTED_INPUT, Location(module_path=""), reason=(
+        raise fail(rule=rules.UNSUPPORTED_INPUT, location=Location(module_path=""), reason=(
             f"{name}.forward() returns no tensor (None or only in-place updates): an ONNX "
             "model needs at least one output"))
 

@@ -22,7 +22,7 @@ import torch
 
 from onnx_modular._compat import quiet_libraries, torch_onnx_export
 from onnx_modular.diagnostics import DiagnosticContext, Location
-from onnx_modular.errors import rules
+from onnx_modular.errors import fail, rules
 from onnx_modular.lower import repeats
 from onnx_modular.metadata import NO_MODULE, STACK_TRACE
 
@@ -45,7 +45,7 @@ def check_opset(opset: int | None, *, flat: bool, ctx: DiagnosticContext,
     newest = onnx.defs.onnx_opset_version()
     if isinstance(opset, bool) or not isinstance(opset, int) \
             or not MIN_OPSET <= opset <= newest:
-        raise ctx.error(rules.TRANSLATION, reason=(
+        raise fail(rule=rules.TRANSLATION, reason=(
             f"opset {opset!r:.20} is not an ONNX opset this onnx can emit: give "
             f"{MIN_OPSET}..{newest}"))
     if opset >= MIN_HIERARCHICAL_OPSET or flat:
@@ -53,7 +53,7 @@ def check_opset(opset: int | None, *, flat: bool, ctx: DiagnosticContext,
     remedy = ("; use opset >= 18, or functions='none' for a flat model, which onnx's version "
               "converter takes below 18 as far as it has adapters for the model's ops"
               if what == "a hierarchical model" else "; use opset >= 18")
-    raise ctx.error(rules.UNSUPPORTED_INPUT, reason=(
+    raise fail(rule=rules.UNSUPPORTED_INPUT, reason=(
         f"opset {opset} is below {MIN_HIERARCHICAL_OPSET}, the lowest {what} can be "
         f"emitted at{remedy}"))
 
@@ -159,14 +159,14 @@ def translate(program: torch.export.ExportedProgram, *, opset: int | None = None
                 onnx_program = torch_onnx_export(program, opset)
     except Exception as e:
         detail, location = _failure(e, program)
-        raise ctx.error(rules.TRANSLATION, location, reason=(
+        raise fail(rule=rules.TRANSLATION, location=location, reason=(
             f"torch.onnx could not translate the program: {detail}")) from e
     assert onnx_program.exported_program is not None
     reached = onnx_program.model.opset_imports.get("")
     if opset is not None and reached != opset:
         # torch.onnx translates at its own opset and converts; when conversion fails it keeps
         # the model unconverted yet uses ops of the newer opset: an invalid model.
-        raise ctx.error(rules.TRANSLATION, reason=(
+        raise fail(rule=rules.TRANSLATION, reason=(
             f"torch.onnx could not convert the model to opset {opset} (it stays at opset "
             f"{reached}): {_conversion_failure(onnx_program.model, opset)}"))
     stable_stack_traces(onnx_program.model)

@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from onnx_modular._io import TWO_GB, atomic_write_text, pid_alive, save_model
-from onnx_modular.diagnostics import DiagnosticContext, OnnxModularError
-from onnx_modular.errors import rules
+from onnx_modular.diagnostics import OnnxModularError
+from onnx_modular.errors import fail
 from onnx_modular.metadata import PARTS_SET_ID
 from onnx_modular.parts.batching import batched_parts, plan_batching, plan_scalars
 from onnx_modular.parts.manifest import dtype_name, shape_of
@@ -73,7 +73,7 @@ TRITON_TYPES = {
 
 
 def _fail(reason: str) -> OnnxModularError:
-    return DiagnosticContext().error(rules.BAD_INPUT, reason=reason)
+    return fail(reason)
 
 
 @functools.cache

@@ -22,7 +22,7 @@ import torch.fx
 
 from onnx_modular._util import format_bytes
 from onnx_modular.diagnostics import DiagnosticContext, Location
-from onnx_modular.errors import rules
+from onnx_modular.errors import fail, rules
 from onnx_modular.passes.stages import _compute_nodes, _paths_of
 
 _INDEXED = re.compile(r"^(?P<list>.+)\.(?P<index>\d+)$")
@@ -315,22 +315,22 @@ def balanced_plan(ep: torch.export.ExportedProgram, num_stages: int | None = Non
     for name, value in (("num_stages", num_stages), ("max_stage_bytes", max_stage_bytes)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                   or value < 1):
-            raise ctx.error(rules.SPLIT_POINT, reason=(
+            raise fail(rule=rules.SPLIT_POINT, reason=(
                 f"{name} must be a positive int, got {value!r}"))
     if num_stages is None and max_stage_bytes is None:
-        raise ctx.error(rules.SPLIT_POINT, reason="give num_stages or max_stage_bytes")
+        raise fail(rule=rules.SPLIT_POINT, reason="give num_stages or max_stage_bytes")
     blocks, units = plan_units(ep)
     cost = _costs(units)
     n = len(units)
     where = (f"between the blocks of '{blocks}'" if blocks else "between top-level modules")
     if num_stages is not None and num_stages > n:
-        raise ctx.error(rules.SPLIT_POINT, Location(module_path=blocks), reason=(
+        raise fail(rule=rules.SPLIT_POINT, location=Location(module_path=blocks), reason=(
             f"num_stages={num_stages}: the model can be cut {where} into at most {n} "
             f"stage(s) ({', '.join(u.label for u in units)})"))
     if max_stage_bytes is not None:
         too_big = [u for u in units if sum(u.weights.values()) > max_stage_bytes]
         if too_big:
-            raise ctx.error(rules.SPLIT_POINT, Location(module_path=blocks), reason=(
+            raise fail(rule=rules.SPLIT_POINT, location=Location(module_path=blocks), reason=(
                 f"max_stage_bytes={format_bytes(max_stage_bytes)} cannot be met: the "
                 f"largest indivisible part, {_largest_unit(units, blocks)}, is larger "
                 f"(stages are cut only {where})"))
@@ -351,7 +351,7 @@ def balanced_plan(ep: torch.export.ExportedProgram, num_stages: int | None = Non
         assert best is not None
         bounds = [*best, n]
         largest = max(cost[a][b] for a, b in itertools.pairwise(bounds))
-        raise ctx.error(rules.SPLIT_POINT, Location(module_path=blocks), reason=(
+        raise fail(rule=rules.SPLIT_POINT, location=Location(module_path=blocks), reason=(
             f"num_stages={k} cannot keep every stage within max_stage_bytes="
             f"{format_bytes(max_stage_bytes or 0)}: the most even cut {where} has a stage of "
             f"{format_bytes(largest)}; allow more stages"))

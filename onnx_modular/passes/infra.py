@@ -25,7 +25,7 @@ import torch.fx
 
 from onnx_modular._util import gc_paused
 from onnx_modular.diagnostics import DiagnosticContext, Level, OnnxModularError
-from onnx_modular.errors import rules
+from onnx_modular.errors import fail, rules
 
 
 class PassConditionError(Exception):
@@ -65,7 +65,7 @@ class PassBase(abc.ABC):
             try:
                 self.requires(graph_module)
             except PassConditionError as e:
-                raise ctx.error(rules.PRECONDITION, pass_name=self.name, reason=str(e)) from e
+                raise fail(rule=rules.PRECONDITION, pass_name=self.name, reason=str(e)) from e
             if ctx.verbose:
                 ctx.log(rules.GRAPH_SNAPSHOT, Level.NOTE, detail=str(graph_module.graph),
                         when="before", pass_name=self.name)
@@ -74,7 +74,7 @@ class PassBase(abc.ABC):
             except (OnnxModularError, PassConditionError):
                 raise
             except Exception as e:  # an internal failure still gets a rule and a pass name
-                raise ctx.error(rules.PASS_FAILED, pass_name=self.name,
+                raise fail(rule=rules.PASS_FAILED, pass_name=self.name,
                                 reason=f"{type(e).__name__}: {e}") from e
             if ctx.verbose:
                 ctx.log(rules.GRAPH_SNAPSHOT, Level.NOTE, detail=str(result.graph_module.graph),
@@ -83,7 +83,7 @@ class PassBase(abc.ABC):
                 _check_structure(result.graph_module)
                 self.ensures(result.graph_module)
             except PassConditionError as e:
-                raise ctx.error(rules.POSTCONDITION, pass_name=self.name, reason=str(e)) from e
+                raise fail(rule=rules.POSTCONDITION, pass_name=self.name, reason=str(e)) from e
         return result
 
 

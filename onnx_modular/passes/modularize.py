@@ -44,7 +44,7 @@ from onnx_modular._compat import (
 )
 from onnx_modular._util import class_identifier, common_prefix
 from onnx_modular.diagnostics import DiagnosticContext, Location
-from onnx_modular.errors import rules
+from onnx_modular.errors import fail, rules
 from onnx_modular.metadata import FX_CALL, FX_NAME, NO_MODULE, CallInfo
 from onnx_modular.passes.infra import PassBase, PassConditionError, PassResult
 
@@ -716,7 +716,7 @@ def modularize(program: Any, ctx: DiagnosticContext | None = None) -> torch.fx.G
     elif isinstance(program, torch.fx.GraphModule):
         modularize_pass, graph_module = Modularize(), program
     else:
-        raise ctx.error(rules.UNSUPPORTED_INPUT, reason=(
+        raise fail(rule=rules.UNSUPPORTED_INPUT, reason=(
             "modularize() takes a torch.export.ExportedProgram or a torch.fx.GraphModule "
             f"carrying nn_module_stack meta, got {type(program).__name__}"))
     return modularize_pass(graph_module, ctx).graph_module

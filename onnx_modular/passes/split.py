@@ -563,7 +563,7 @@ class SplitPass(PassBase):
         self._check_entries(graph_module, plan, ctx)
         n_acc = sum(r.is_acc for r in plan.regions)
         if 0 < self.max_acc_splits < len(plan.regions):
-            raise ctx.error(rules.SPLIT_LIMIT, reason=(
+            raise fail(rule=rules.SPLIT_LIMIT, reason=(
                 f"the split needs {len(plan.regions)} regions ({n_acc} acc, "
                 f"{len(plan.regions) - n_acc} cpu), more than max_acc_splits="
                 f"{self.max_acc_splits}; allow more splits, support more ops, or raise "

@@ -22,7 +22,7 @@ import torch
 import torch.fx
 
 from onnx_modular.diagnostics import DiagnosticContext, Location
-from onnx_modular.errors import rules
+from onnx_modular.errors import fail, rules
 from onnx_modular.passes.infra import PassBase, PassConditionError, PassResult
 from onnx_modular.passes.split import (
     Region,
@@ -113,14 +113,14 @@ def from_split_points(ep: torch.export.ExportedProgram,
     for path, where in pairs:
         where = str(getattr(where, "name", where)).lower()  # PiPPy-like enums too
         if where not in _WHERE:
-            raise ctx.error(rules.SPLIT_POINT, Location(module_path=path), reason=(
+            raise fail(rule=rules.SPLIT_POINT, location=Location(module_path=path), reason=(
                 f"split point '{path}': '{where}' is not one of {', '.join(_WHERE)}"))
         positions = [i for i, n in enumerate(nodes) if path in _paths_of(n)]
         if not positions:
             if path not in known:
-                raise ctx.error(rules.SPLIT_POINT, Location(module_path=path), reason=(
+                raise fail(rule=rules.SPLIT_POINT, location=Location(module_path=path), reason=(
                     f"split point '{path}' names no module of the model{_hint(path, known)}"))
-            raise ctx.error(rules.SPLIT_POINT, Location(module_path=path), reason=(
+            raise fail(rule=rules.SPLIT_POINT, location=Location(module_path=path), reason=(
                 f"split point '{path}': the module never runs on these inputs"))
         cuts.append(positions[0] if where == "beginning" else positions[-1] + 1)
     cut_set = sorted({c for c in cuts if 0 < c < len(nodes)})
@@ -148,7 +148,7 @@ def from_callback(ep: torch.export.ExportedProgram, callback: Callable[[torch.fx
         try:
             raw[node] = int(callback(node))
         except Exception as e:
-            raise ctx.error(rules.SPLIT_POINT, Location.of_node(node), reason=(
+            raise fail(rule=rules.SPLIT_POINT, location=Location.of_node(node), reason=(
                 f"the split callback failed on node '{node.name}': {type(e).__name__}: {e}")
             ) from e
     order = _partition_order(raw, ctx)
@@ -175,7 +175,7 @@ def _partition_order(raw: dict[torch.fx.Node, int], ctx: DiagnosticContext) -> l
             return
         if state.get(pid) == 1:
             cycle = " -> ".join(str(p) for p in [*trail[trail.index(pid):], pid])
-            raise ctx.error(rules.SPLIT_POINT, reason=(
+            raise fail(rule=rules.SPLIT_POINT, reason=(
                 f"the split callback's partitions depend on each other in a cycle: {cycle}"))
         state[pid] = 1
         for dep in sorted(deps[pid], key=first_seen.__getitem__):
