@@ -36,6 +36,8 @@ NO_MODULE = "_empty_nn_module_stack_from_metadata_hook"
 # FX ``node.meta`` of the modularized GraphModules.
 FX_CALL = "om_call"  # on a call_module node: the CallInfo of the module call
 FX_NAME = "om_fx_name"  # on every copied node: its name in the input program
+# FX ``GraphModule.meta`` of a flat module a planner ran on (and of the module cut from it).
+FX_SPLIT_PLAN = "om_split_plan"  # the SplitPlan (regions or stages) CutRegions cuts along
 
 
 @dataclasses.dataclass(frozen=True)

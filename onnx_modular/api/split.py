@@ -1,12 +1,12 @@
 """``om.split``: accelerator/CPU regions of a model, as a runnable GraphModule and ONNX files.
 
-The model is lowered once (:func:`onnx_modular.api.spine.lower`); the Split pass decides
-regions on the decomposed FX graph; each ONNX node follows its FX node into a region, and
-every region model goes through the same emit pipeline as ``om.export`` (folded, outlined
-into module functions, optimized, equal functions merged). The result
-(:class:`~onnx_modular.api.result.SplitResult`) saves one standalone model per region plus
-``manifest.json`` (the format :class:`SplitRunner` reads, shared with pipeline stages), or
-one model of region functions.
+The model is lowered once (:func:`onnx_modular.api.spine.lower`); a PassManager runs
+PlanRegions (the regions of the decomposed program's flat module) and CutRegions on it;
+each ONNX node follows its FX node into a region, and every region model goes through the
+same emit pipeline as ``om.export`` (folded, outlined into module functions, optimized, equal
+functions merged). The result (:class:`~onnx_modular.api.result.SplitResult`) saves one
+standalone model per region plus ``manifest.json`` (the format :class:`SplitRunner` reads,
+shared with pipeline stages), or one model of region functions.
 """
 
 from __future__ import annotations
@@ -21,7 +21,14 @@ from onnx_modular.api.spine import lower
 from onnx_modular.diagnostics import DiagnosticContext, records_failures
 from onnx_modular.emit.regions import AccLimits
 from onnx_modular.lower.translate import check_opset
-from onnx_modular.passes.split import SplitPass, SplitPassResult, SplitPlan, check_limits
+from onnx_modular.passes.infra import PassManager
+from onnx_modular.passes.split import (
+    CutRegions,
+    PlanRegions,
+    SplitPassResult,
+    SplitPlan,
+    check_limits,
+)
 from onnx_modular.support.matching import forbidden_onnx_ops
 from onnx_modular.support.onnx_index import SupportContext, fx_to_onnx_nodes
 from onnx_modular.support.operator_support import (
@@ -58,11 +65,11 @@ def split(model: Model, args: ExampleArgs = (), *, support: SupportSpec,
     lowered = lower(model, args, kwargs, opset=opset, ctx=ctx, weights=weights)
     flat_module = lowered.program.module()
     context = SupportContext(fx_to_onnx_nodes(lowered.model), dict(lowered.model.opset_imports))
-    split_pass = SplitPass(op_support, context=context, min_acc_module_size=min_acc_module_size,
-                           max_acc_splits=max_acc_splits, allow_non_tensor=allow_non_tensor,
-                           skip_fusion=skip_fusion)
-    result = split_pass(flat_module, ctx)
-    assert isinstance(result, SplitPassResult) and result.plan is not None
+    planner = PlanRegions(op_support, context=context, min_acc_module_size=min_acc_module_size,
+                          max_acc_splits=max_acc_splits, allow_non_tensor=allow_non_tensor,
+                          skip_fusion=skip_fusion)
+    result = PassManager([planner, CutRegions()], ctx)(flat_module).of(SplitPassResult)
+    assert result.plan is not None
     forbidden = _forbidden_ops(op_support, result.plan, flat_module, context)
     limits = AccLimits(forbidden, op_support.entries)
     return SplitResult(result.plan, result.graph_module, flat_module, lowered, ctx,

@@ -3,10 +3,11 @@
 Stages come from ``pipe_split()`` markers, split points at module boundaries, or a
 ``node -> int`` callback (:mod:`onnx_modular.passes.stages` decides them on the captured
 program). Everything after that is the acc/CPU split's machinery: the model is lowered once
-(:func:`onnx_modular.api.spine.lower`), the stages are carried to the decomposed nodes and cut
-by :class:`~onnx_modular.passes.stages.StagesPass`, ONNX nodes follow their FX node into a
-stage, stage models are outlined into module functions, and ``save`` writes the same parts
-format, so :class:`SplitRunner` chains stages.
+(:func:`onnx_modular.api.spine.lower`), the stages are carried to the decomposed nodes,
+planned (:class:`~onnx_modular.passes.stages.PlanStages`) and cut (the split's
+``CutRegions``, the two under a PassManager), ONNX nodes follow their FX node into a stage,
+stage models are outlined into module functions, and ``save`` writes the same parts format,
+so :class:`SplitRunner` chains stages.
 
 Parameters live in the stage that reads them. A parameter several stages read (tied
 embedding and output weights) is **copied** into each of those stages, so every stage model is
@@ -31,7 +32,8 @@ from onnx_modular.lower.capture import capture
 from onnx_modular.lower.translate import check_opset
 from onnx_modular.passes import stages as stage_pass
 from onnx_modular.passes.balance import StagePlan, balanced_plan
-from onnx_modular.passes.split import SplitPassResult
+from onnx_modular.passes.infra import PassManager
+from onnx_modular.passes.split import CutRegions, SplitPassResult
 from onnx_modular.passes.stages import Stage
 
 __all__ = ["Stage", "StagesResult", "plan_stages", "split_by", "split_stages"]
@@ -144,8 +146,9 @@ def _cut(program: torch.export.ExportedProgram, assignment: stage_pass.StageAssi
     lowered = lower(program, opset=opset, ctx=ctx)
     carried = stage_pass.decomposed_assignment(assignment, lowered.program)
     flat_module = lowered.program.module()
-    result = stage_pass.StagesPass(carried)(flat_module, ctx)
-    assert isinstance(result, SplitPassResult) and result.plan is not None
+    passes = [stage_pass.PlanStages(carried), CutRegions()]
+    result = PassManager(passes, ctx)(flat_module).of(SplitPassResult)
+    assert result.plan is not None
     return SplitResult(result.plan, result.graph_module, flat_module, lowered, ctx,
                        kind="stages", hierarchical=hierarchical, how=assignment.how,
                        stage_plan=stage_plan)

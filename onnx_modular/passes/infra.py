@@ -5,11 +5,11 @@ pass becomes an :class:`OnnxModularError` that names the rule, the pass and, whe
 the pass knows it, the module path / FX node / source line. After every pass its output
 graph is linted, then held to the pass's ``ensures``.
 
-The pipeline calls its passes directly: each entry point's FX stage is Modularize (on the
-decomposed program's graph) and at most one partition pass (``SplitPass`` or
-``StagesPass``, on the flat ``program.module()``), two passes over two different modules
-with nothing to thread between them. :class:`PassManager` is for running a sequence of
-passes on one module (user passes included). Passes run with the cyclic
+:class:`PassManager` runs a pipeline of passes on one module, each checked as above, and
+threads the module through: a split and the stages run a planner (``PlanRegions`` /
+``PlanStages``, an analysis recording its plan on the flat ``program.module()``) then the
+one ``CutRegions``. Modularize runs on another module (the decomposed program's graph), so
+``api/spine.lower`` calls it alone, as a single pass. Passes run with the cyclic
 GC paused: they build many small graph objects and keep them, and collections meanwhile
 rescan the whole heap again and again (superlinear in the graph's size).
 """

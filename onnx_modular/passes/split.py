@@ -14,13 +14,15 @@ one worklist for the non-tensor fallback, union-find for fusion groups and Tarja
 connected components for their closure, Kahn's algorithm with a heap per kind for the grouping,
 so the pass is O(n log n) in nodes and edges.
 
-The result (:class:`SplitPassResult`) holds a GraphModule whose top graph calls one
-sub-GraphModule per region (``_run_on_acc_0``, ``_run_on_cpu_1``, ...) and the plan
-(:class:`SplitPlan`) that says why.
+Two passes, run by a :class:`PassManager`: :class:`PlanRegions` decides the plan
+(:class:`SplitPlan`) and records it on the flat module; :class:`CutRegions` (shared with the
+stages' planner) builds a GraphModule whose top graph calls one sub-GraphModule per region
+(``_run_on_acc_0``, ``_run_on_cpu_1``, ...). :class:`SplitPass` runs the two as one call.
 """
 
 from __future__ import annotations
 
+import abc
 import collections
 import dataclasses
 import heapq
@@ -35,7 +37,8 @@ from torch.fx.experimental.symbolic_shapes import optimization_hint
 from onnx_modular._compat import codegen_of, lazy_graph_module, returns_nothing, set_codegen
 from onnx_modular.diagnostics import DiagnosticContext, Location
 from onnx_modular.errors import fail, rules
-from onnx_modular.passes.infra import PassBase, PassConditionError, PassResult
+from onnx_modular.metadata import FX_SPLIT_PLAN
+from onnx_modular.passes.infra import PassBase, PassConditionError, PassManager, PassResult
 from onnx_modular.support.matching import entry_findings
 from onnx_modular.support.operator_support import (
     CALLABLE_OPS,
@@ -496,7 +499,7 @@ def build_split_module(graph_module: torch.fx.GraphModule, plan: SplitPlan
     return lazy_graph_module(root, top, "SplitModule")
 
 
-# ---- the pass --------------------------------------------------------------------------------
+# ---- the passes: a planner, then CutRegions -------------------------------------------------
 
 @dataclasses.dataclass
 class SplitPassResult(PassResult):
@@ -519,8 +522,73 @@ def check_limits(min_acc_module_size: Any, max_acc_splits: Any) -> None:
                    f"got {max_acc_splits}")
 
 
-class SplitPass(PassBase):
-    """Plan acc/CPU regions with ``support`` and build the split GraphModule."""
+def recorded_plan(graph_module: torch.fx.GraphModule) -> SplitPlan | None:
+    """The plan a planner recorded on ``graph_module`` (or that a cut module was cut by)."""
+    plan = graph_module.meta.get(FX_SPLIT_PLAN)
+    return plan if isinstance(plan, SplitPlan) else None
+
+
+def _operators(graph_module: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    """The nodes a plan places: every callable node but the input guards."""
+    return [n for n in graph_module.graph.nodes if n.op in CALLABLE_OPS and not is_guard(n)]
+
+
+def _uncovered(graph_module: torch.fx.GraphModule, plan: SplitPlan) -> str | None:
+    """Why ``plan`` does not put each operator of the module in exactly one region, if so."""
+    region_of: dict[str, str] = {}
+    for region in plan.regions:
+        for name in region.node_names:
+            if name in region_of:
+                return f"'{name}' is in {region_of[name]} and {region.name}"
+            region_of[name] = region.name
+    operators = [n.name for n in _operators(graph_module)]
+    missing = [name for name in operators if name not in region_of]
+    if missing:
+        return f"'{missing[0]}' is in no region ({len(missing)} operator(s) left out)"
+    unknown = sorted(set(region_of) - set(operators))
+    if unknown:
+        return f"'{unknown[0]}' of {region_of[unknown[0]]} is no operator of the module"
+    return None
+
+
+class PlanPass(PassBase):
+    """A planner: an analysis of a flat module that decides its regions and records the
+    :class:`SplitPlan` on it (``graph_module.meta[FX_SPLIT_PLAN]``) for :class:`CutRegions`;
+    the graph is not changed. Subclasses implement :meth:`plan`."""
+
+    #: what the flat-graph precondition adds to say how to get one
+    flat_hint = ""
+
+    def requires(self, graph_module: torch.fx.GraphModule) -> None:
+        operators = _operators(graph_module)
+        if not operators:  # e.g. every operator folded away in decomposition
+            raise PassConditionError("a graph with at least one operator (nothing to split)")
+        if any(n.op == "call_module" for n in operators):
+            raise PassConditionError(f"a flat graph (no call_module nodes){self.flat_hint}")
+
+    def ensures(self, graph_module: torch.fx.GraphModule) -> None:
+        plan = recorded_plan(graph_module)
+        if plan is None:
+            raise PassConditionError("a plan recorded on the module")
+        why = _uncovered(graph_module, plan)
+        if why:
+            raise PassConditionError(f"every operator in exactly one region ({why})")
+
+    @abc.abstractmethod
+    def plan(self, graph_module: torch.fx.GraphModule, ctx: DiagnosticContext) -> SplitPlan:
+        """Decide the regions; report the findings to ``ctx``."""
+
+    def call(self, graph_module: torch.fx.GraphModule, ctx: DiagnosticContext) -> PassResult:
+        plan = self.plan(graph_module, ctx)
+        graph_module.meta[FX_SPLIT_PLAN] = plan
+        return SplitPassResult(graph_module, False, plan)
+
+
+class PlanRegions(PlanPass):
+    """Plan alternating acc/CPU regions with ``support`` (:func:`plan_split`): the previews
+    as notes, allow/deny entries that match nothing as warnings, ``max_acc_splits`` held."""
+
+    flat_hint = "; split the program before modularizing it"
 
     def __init__(self, support: Any, *, context: SupportContext | None = None,
                  min_acc_module_size: int = 1, max_acc_splits: int = -1,
@@ -532,30 +600,19 @@ class SplitPass(PassBase):
         self.allow_non_tensor = allow_non_tensor
         self.skip_fusion = skip_fusion
 
+    @property
+    def name(self) -> str:
+        """The step's name in diagnostics and SARIF, as before the cut was a pass of its own."""
+        return "SplitPass"
+
     def requires(self, graph_module: torch.fx.GraphModule) -> None:
         for name, value in (("min_acc_module_size", self.min_acc_module_size),
                             ("max_acc_splits", self.max_acc_splits)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise PassConditionError(f"{name} must be an int, got {value!r}")
-        if not any(n.op in CALLABLE_OPS and not is_guard(n) for n in graph_module.graph.nodes):
-            raise PassConditionError("a graph with at least one operator (nothing to split)")
-        if any(n.op == "call_module" and not is_guard(n) for n in graph_module.graph.nodes):
-            raise PassConditionError("a flat graph (no call_module nodes); split the program "
-                                     "before modularizing it")
+        super().requires(graph_module)
 
-    def ensures(self, graph_module: torch.fx.GraphModule) -> None:
-        calls = [n for n in graph_module.graph.nodes
-                 if n.op == "call_module" and not is_guard(n)]
-        for a, b in itertools.pairwise(calls):
-            if str(a.target).startswith(ACC_PREFIX) == str(b.target).startswith(ACC_PREFIX):
-                raise PassConditionError(f"alternating regions ({a.target} and {b.target} "
-                                         "are of one kind)")
-        for n in calls:
-            sub = getattr(graph_module, str(n.target))
-            if not any(m.op in CALLABLE_OPS for m in sub.graph.nodes):
-                raise PassConditionError(f"no empty region ({n.target} is empty)")
-
-    def call(self, graph_module: torch.fx.GraphModule, ctx: DiagnosticContext) -> PassResult:
+    def plan(self, graph_module: torch.fx.GraphModule, ctx: DiagnosticContext) -> SplitPlan:
         plan = plan_split(graph_module, self.support, context=self.context,
                           min_acc_module_size=self.min_acc_module_size,
                           allow_non_tensor=self.allow_non_tensor, skip_fusion=self.skip_fusion)
@@ -568,19 +625,82 @@ class SplitPass(PassBase):
                 f"{len(plan.regions) - n_acc} cpu), more than max_acc_splits="
                 f"{self.max_acc_splits}; allow more splits, support more ops, or raise "
                 "min_acc_module_size to merge small acc regions into CPU"))
-        return SplitPassResult(build_split_module(graph_module, plan), True, plan)
-
+        return plan
 
     def _check_entries(self, graph_module: torch.fx.GraphModule, plan: SplitPlan,
                        ctx: DiagnosticContext) -> None:
         """Allow/deny entries that match nothing (or miss where the op hides): warnings."""
-        nodes = [n for n in graph_module.graph.nodes
-                 if n.op in CALLABLE_OPS and not is_guard(n)]
+        nodes = _operators(graph_module)
         acc_names = {name for r in plan.regions if r.is_acc for name in r.node_names}
         on_acc = {n for n in nodes if n.name in acc_names}
         for finding in entry_findings(self.support, nodes, self.context, on_acc):
             log = ctx.warn if finding.warning else ctx.note
             log(rules.SUPPORT_UNMATCHED, reason=finding.message)
+
+
+class CutRegions(PassBase):
+    """Cut a flat module along the plan a planner recorded on it (:func:`build_split_module`);
+    one cut for acc/CPU regions and stages alike. The cut module carries the plan too."""
+
+    def requires(self, graph_module: torch.fx.GraphModule) -> None:
+        plan = recorded_plan(graph_module)
+        if plan is None:
+            raise PassConditionError("a plan recorded on the module (run a planner first: "
+                                     "PlanRegions or PlanStages)")
+        if any(n.op == "call_module" for n in _operators(graph_module)):
+            raise PassConditionError("a flat graph (no call_module nodes)")
+        why = _uncovered(graph_module, plan)
+        if why:
+            raise PassConditionError(f"a plan of the module's operators ({why})")
+
+    def ensures(self, graph_module: torch.fx.GraphModule) -> None:
+        plan = recorded_plan(graph_module)
+        if plan is None:
+            raise PassConditionError("the plan recorded on the cut module")
+        calls = [str(n.target) for n in graph_module.graph.nodes
+                 if n.op == "call_module" and not is_guard(n)]
+        if calls != [r.name for r in plan.regions]:
+            raise PassConditionError(f"regions called once each, in order (got {calls})")
+        for a, b in itertools.pairwise(plan.regions):
+            if a.kind == b.kind and a.kind != "stage":
+                raise PassConditionError(f"alternating regions ({a.name} and {b.name} "
+                                         "are of one kind)")
+        for name in calls:
+            sub = getattr(graph_module, name)
+            if not any(m.op in CALLABLE_OPS for m in sub.graph.nodes):
+                raise PassConditionError(f"no empty region ({name} is empty)")
+
+    def call(self, graph_module: torch.fx.GraphModule, ctx: DiagnosticContext) -> PassResult:
+        plan = recorded_plan(graph_module)
+        assert plan is not None  # required
+        cut = build_split_module(graph_module, plan)
+        cut.meta[FX_SPLIT_PLAN] = plan
+        return SplitPassResult(cut, True, plan)
+
+
+class Partition:
+    """A planner, then :class:`CutRegions`, run by a :class:`PassManager` (each in its scope,
+    checked after), called as one pass: ``(module, ctx) -> SplitPassResult``."""
+
+    def __init__(self, planner: PlanPass) -> None:
+        self.planner = planner
+
+    def __call__(self, graph_module: torch.fx.GraphModule,
+                 ctx: DiagnosticContext | None = None) -> SplitPassResult:
+        steps = PassManager([self.planner, CutRegions()], ctx)(graph_module)
+        return steps.of(SplitPassResult)
+
+
+class SplitPass(Partition):
+    """Acc/CPU regions: :class:`PlanRegions` (same arguments), then :class:`CutRegions`."""
+
+    def __init__(self, support: Any, *, context: SupportContext | None = None,
+                 min_acc_module_size: int = 1, max_acc_splits: int = -1,
+                 allow_non_tensor: bool = False, skip_fusion: bool = False) -> None:
+        super().__init__(PlanRegions(
+            support, context=context, min_acc_module_size=min_acc_module_size,
+            max_acc_splits=max_acc_splits, allow_non_tensor=allow_non_tensor,
+            skip_fusion=skip_fusion))
 
 
 def report_plan(plan: SplitPlan, ctx: DiagnosticContext,

@@ -8,7 +8,8 @@ Three ways to say it, as in PiPPy and ``split_module``:
 
 The result is a :class:`StageAssignment` on the captured (not yet decomposed) program;
 :func:`decomposed_assignment` carries it to the decomposed nodes through their ``from_node``
-provenance, and :class:`StagesPass` cuts the decomposed program's module into the stages.
+provenance, :class:`PlanStages` makes it the plan of the decomposed program's module, and
+the split's :class:`~onnx_modular.passes.split.CutRegions` cuts it (``StagesPass``: both).
 """
 
 from __future__ import annotations
@@ -23,14 +24,15 @@ import torch.fx
 
 from onnx_modular.diagnostics import DiagnosticContext, Location
 from onnx_modular.errors import fail, rules
-from onnx_modular.passes.infra import PassBase, PassConditionError, PassResult
+from onnx_modular.passes.infra import PassConditionError
 from onnx_modular.passes.split import (
+    Partition,
+    PlanPass,
     Region,
-    SplitPassResult,
     SplitPlan,
-    build_split_module,
     describe_regions,
     is_guard,
+    recorded_plan,
 )
 from onnx_modular.support.operator_support import CALLABLE_OPS
 
@@ -254,9 +256,10 @@ class Stage(Region):
         return "stage"
 
 
-class StagesPass(PassBase):
-    """Cut a flat module (``program.module()`` of the decomposed program) into the stages
-    of ``assignment`` (carried to its nodes), as ``SplitPass`` cuts acc/CPU regions."""
+class PlanStages(PlanPass):
+    """The stages of ``assignment`` (carried to the module's nodes) as a plan for
+    :class:`CutRegions`; a stage left empty by decomposition is dropped, the rest are
+    ``stage_0``, ``stage_1``, ... in order, one preview note each."""
 
     def __init__(self, assignment: StageAssignment) -> None:
         self.assignment = assignment
@@ -265,20 +268,14 @@ class StagesPass(PassBase):
     def name(self) -> str:
         return f"split ({self.assignment.how})"
 
-    def requires(self, graph_module: torch.fx.GraphModule) -> None:
-        nodes = [n for n in graph_module.graph.nodes if n.op in CALLABLE_OPS and not is_guard(n)]
-        if not nodes:  # every operator folded away in decomposition
-            raise PassConditionError("a graph with at least one operator (nothing to split)")
-        if any(n.op == "call_module" for n in nodes):
-            raise PassConditionError("a flat graph (no call_module nodes)")
-
     def ensures(self, graph_module: torch.fx.GraphModule) -> None:
-        calls = [str(n.target) for n in graph_module.graph.nodes
-                 if n.op == "call_module" and not is_guard(n)]
-        if calls != [f"{STAGE_PREFIX}{i}" for i in range(len(calls))]:
-            raise PassConditionError(f"stages called once each, in order (got {calls})")
+        super().ensures(graph_module)
+        plan = recorded_plan(graph_module)
+        names = [r.name for r in plan.regions] if plan else []
+        if names != [f"{STAGE_PREFIX}{i}" for i in range(len(names))]:
+            raise PassConditionError(f"stages named in order (got {names})")
 
-    def call(self, graph_module: torch.fx.GraphModule, ctx: DiagnosticContext) -> PassResult:
+    def plan(self, graph_module: torch.fx.GraphModule, ctx: DiagnosticContext) -> SplitPlan:
         stage_of = _stage_of_module_nodes(graph_module, self.assignment.stage_of)
         index = {n: i for i, n in enumerate(graph_module.graph.nodes)}
         members: list[list[torch.fx.Node]] = [[] for _ in range(self.assignment.count)]
@@ -289,13 +286,21 @@ class StagesPass(PassBase):
         stages: list[Region] = [
             Stage(**{**dataclasses.asdict(r), "name": f"{STAGE_PREFIX}{i}"})
             for i, r in enumerate(described)]
-        plan = SplitPlan(stages, regions_before_merge=(len(stages), 0))
         for stage in stages:
             ctx.note(rules.SPLIT_PREVIEW, reason=(
                 f"{stage.name}: {len(stage.node_names)} node(s), {len(stage.inputs)} "
                 f"input(s) ({stage.input_bytes} bytes), {len(stage.outputs)} output(s) "
                 f"({stage.output_bytes} bytes)"))
-        return SplitPassResult(build_split_module(graph_module, plan), True, plan)
+        return SplitPlan(stages, regions_before_merge=(len(stages), 0))
+
+
+class StagesPass(Partition):
+    """Cut a flat module (``program.module()`` of the decomposed program) into the stages
+    of ``assignment``: :class:`PlanStages`, then :class:`CutRegions`, as ``SplitPass``
+    cuts acc/CPU regions."""
+
+    def __init__(self, assignment: StageAssignment) -> None:
+        super().__init__(PlanStages(assignment))
 
 
 def _stage_of_module_nodes(graph_module: torch.fx.GraphModule,
