@@ -724,3 +724,53 @@ def isolate_call(proto: onnx.ModelProto, call_id: str,
         node.op_type = copy.name
         return copy
     raise AssertionError(f"no call node {call_id}")
+
+
+class Tied(nn.Module):
+    """Embedding and output head share one weight, as language models tie them."""
+
+    def __init__(self, vocab: int = 16, dim: int = 8) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.body = Stack(2, dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(self.embed(ids)))
+
+
+def used_weight_bytes(program: torch.export.ExportedProgram) -> int:
+    """Parameters, buffers and constants the program reads (LLama keeps an unused buffer)."""
+    used = {n.name for n in program.graph.nodes if n.op == "placeholder" and n.users}
+    total = 0
+    for spec in program.graph_signature.input_specs:
+        if spec.target is None or spec.arg.name not in used:
+            continue
+        t = program.state_dict.get(spec.target, program.constants.get(spec.target))
+        if isinstance(t, torch.Tensor):
+            total += t.numel() * t.element_size()
+    return total
+
+
+def sd3(layers: int = 3) -> tuple[nn.Module, tuple]:
+    """A tiny Stable Diffusion 3 MMDiT (diffusers)."""
+    from diffusers import SD3Transformer2DModel
+
+    inner = SD3Transformer2DModel(
+        sample_size=8, patch_size=2, in_channels=4, num_layers=layers, attention_head_dim=8,
+        num_attention_heads=2, joint_attention_dim=16, caption_projection_dim=16,
+        pooled_projection_dim=16, out_channels=4, pos_embed_max_size=16).eval()
+
+    class SD3(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.transformer = inner
+
+        def forward(self, hidden, enc, pooled, t):  # type: ignore[no-untyped-def]
+            return self.transformer(hidden_states=hidden, encoder_hidden_states=enc,
+                                    pooled_projections=pooled, timestep=t,
+                                    return_dict=False)[0]
+
+    return SD3().eval(), (torch.randn(1, 4, 8, 8), torch.randn(1, 4, 16),
+                          torch.randn(1, 16), torch.tensor([3.0]))

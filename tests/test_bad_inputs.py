@@ -94,6 +94,7 @@ def _one_line(text: str) -> str:
 
 # ---- the validator's verdict -------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_external_data_is_read_from_the_models_folder_whatever_the_cwd(
         net: Path, tmp_path: Path, monkeypatch, capsys) -> None:
     """The probe session gets the model as bytes: ONNX Runtime looked for the data file in
@@ -134,6 +135,7 @@ def test_a_proto_naming_external_data_without_a_file_is_refused(net: Path, tmp_p
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["missing", "truncated", "outside"])
 def test_external_data_is_checked_when_the_model_is_read_not_loaded(
         net: Path, tmp_path: Path, damage: str) -> None:
@@ -166,6 +168,7 @@ def test_external_data_is_checked_when_the_model_is_read_not_loaded(
         om.validate(source.reference(), (x,), str(path), providers="cpu")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad", [math.nan, -1.0, math.inf, -0.5, "1e-3", True])
 def test_tolerances_must_be_finite_and_not_negative(bad: object) -> None:
     model, x = nn.Linear(4, 4).eval(), torch.randn(2, 4)
@@ -292,6 +295,7 @@ def test_disk_full_writing_sarif_after_the_model(net: Path, tmp_path: Path, monk
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "src"]
 
 
+@pytest.mark.slow
 def test_disk_full_during_split_leaves_no_directory(net: Path, tmp_path: Path, monkeypatch,
                                                     capsys) -> None:
     calls = {"n": 0}
@@ -376,6 +380,7 @@ class CopyConstruct(torch.nn.Module):
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, code", [("DataDependent", 2), ("Deprecated", 0),
                                         ("CopyConstruct", 0)])
 def test_library_output_stays_off_the_terminal(tmp_path: Path, capfd, name: str,
@@ -398,6 +403,7 @@ def test_library_output_stays_off_the_terminal(tmp_path: Path, capfd, name: str,
 
 # ---- opsets --------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_flat_opset_the_converter_cannot_reach_names_the_op() -> None:
     model, x = nn.Sequential(nn.Linear(4, 4), nn.ReLU()).eval(), (torch.randn(2, 4),)
     with pytest.raises(om.OnnxModularError, match="functions='none' for a flat model"):
@@ -415,6 +421,7 @@ def test_a_flat_opset_the_converter_cannot_reach_names_the_op() -> None:
 
 # ---- what runs from the current directory --------------------------------------------------------
 
+@pytest.mark.slow
 def test_python_m_does_not_import_the_current_directory(tmp_path: Path) -> None:
     model = _identity(3)
     onnx.save(model, tmp_path / "m.onnx")

@@ -64,6 +64,7 @@ input_specs = st.one_of(shape_specs, st.text(max_size=30),
                         st.text("0123456789x:-intfloa", max_size=20))
 
 
+@pytest.mark.slow
 @fuzz(300)
 @given(input_specs)
 def test_input_specs(spec: str) -> None:
@@ -119,6 +120,7 @@ argvs = st.lists(st.one_of(st.sampled_from(FLAGS), st.sampled_from(VALUES),
                            st.text(max_size=8)), max_size=10)
 
 
+@pytest.mark.slow
 @fuzz(300)
 @given(argv=argvs)
 def test_argument_parsing(argv: list[str], capsys) -> None:
@@ -135,6 +137,7 @@ def test_argument_parsing(argv: list[str], capsys) -> None:
         capsys.readouterr()
 
 
+@pytest.mark.slow
 @fuzz(150)
 @given(st.one_of(st.binary(max_size=200), st.text(max_size=200).map(str.encode),
                  st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.text()),
@@ -213,6 +216,7 @@ def _run(directory: Path) -> None:
     event("parts ran")
 
 
+@pytest.mark.slow
 @fuzz(200)
 @given(data=st.data())
 def test_manifest_mutations(parts_dir: Path, tmp_path: Path, data: st.DataObject) -> None:
@@ -239,6 +243,7 @@ def _get(value: Any, path: tuple) -> Any:
     return value
 
 
+@pytest.mark.slow
 @fuzz(150)
 @given(data=st.data())
 def test_manifest_bytes(parts_dir: Path, tmp_path: Path, data: st.DataObject) -> None:
@@ -285,6 +290,7 @@ def _inspect_and_load(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         event("model loaded")
 
 
+@pytest.mark.slow
 @fuzz(200)
 @given(data=st.data())
 def test_onnx_bytes(model_bytes: bytes, tmp_path: Path, capsys, data: st.DataObject) -> None:
@@ -306,6 +312,7 @@ def test_onnx_bytes(model_bytes: bytes, tmp_path: Path, capsys, data: st.DataObj
 names = st.one_of(st.text(max_size=12), st.text("ab[]/=:. \n\x1b", max_size=12))
 
 
+@pytest.mark.slow
 @fuzz(150)
 @given(graph=names, node=names, path=names, function=names, domain=names)
 def test_onnx_names(tmp_path: Path, capsys, graph: str, node: str, path: str, function: str,

@@ -67,6 +67,7 @@ def test_every_module_belongs_to_a_known_part() -> None:
     assert not unknown, f"modules outside the layout: {unknown}"
 
 
+@pytest.mark.slow
 def test_no_module_imports_from_a_later_stage() -> None:
     wrong = []
     for path in modules():
@@ -133,6 +134,7 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return cycles
 
 
+@pytest.mark.slow
 def test_no_import_cycles() -> None:
     cycles = import_cycles(import_graph())
     assert not cycles, "modules that import each other, directly or around a circle:\n" + \
@@ -145,6 +147,7 @@ def test_the_cycle_check_catches_a_circle() -> None:
     assert import_cycles({"a": {"b"}, "b": set()}) == []
 
 
+@pytest.mark.slow
 def test_emit_imports_nothing_from_passes() -> None:
     """The FX passes run before emit (api/ lowers once, then emits): emit takes their
     result (the call chains) as data."""
@@ -194,6 +197,7 @@ def private_uses(tree: ast.AST, own: set[str]) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_private_apis_are_touched_in_compat_only() -> None:
     own = own_private_names() - private_names_of_compat()
     wrong = []
@@ -214,6 +218,7 @@ def private_names_of_compat() -> set[str]:
             and isinstance(n.ctx, ast.Load)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source, expected", [
     ("import torch.utils._pytree as p", True),
     ("from torch.onnx._internal.exporter import _core", True),

@@ -27,6 +27,7 @@ def regions() -> om.SplitResult:
     return om.split(models.Stack(2).eval(), models.x8(), support=["aten.relu"])
 
 
+@pytest.mark.slow
 def test_stages_and_regions_are_one_frozen_type(stages: om.StagesResult,
                                                 regions: om.SplitResult) -> None:
     assert om.StagesResult is om.SplitResult
@@ -39,6 +40,7 @@ def test_stages_and_regions_are_one_frozen_type(stages: om.StagesResult,
         stages.how = "callback"  # type: ignore[misc]
 
 
+@pytest.mark.slow
 def test_regions_are_emitted_once_and_kept(stages: om.StagesResult) -> None:
     first = stages.region_graphs()
     assert stages.region_graphs() is first

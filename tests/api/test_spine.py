@@ -61,6 +61,7 @@ def _balanced(model: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> om.Stag
     return om.split_stages(model, args, num_stages=2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("entry", [_split, _stages, _split_by, _balanced],
                          ids=["split", "split_stages", "split_by", "balanced"])
 def test_parts_are_lowered_once_and_emitted_from_it(entry: Callable[..., om.SplitResult],
@@ -83,6 +84,7 @@ def test_a_flat_unoptimized_export_is_not_modularized(calls: Counter[str]) -> No
     assert result.graph_module is None and not result.model.functions
 
 
+@pytest.mark.slow
 def test_lowered_holds_the_translation_and_each_nodes_module_calls() -> None:
     model = models.Marked().eval()
     lowered = spine.lower(model, models.x8())
@@ -97,6 +99,7 @@ def test_lowered_holds_the_translation_and_each_nodes_module_calls() -> None:
     assert cheap.graph_module is None and cheap.chains == {}
 
 
+@pytest.mark.slow
 def test_the_hook_keeps_each_exports_diagnostics(calls: Counter[str]) -> None:
     model, args = _stack()
     with om.hook() as session, quiet_torch_onnx():

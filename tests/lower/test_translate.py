@@ -81,6 +81,7 @@ def test_every_node_names_an_fx_node_of_the_decomposed_program(
     assert set(named) <= fx_nodes
 
 
+@pytest.mark.slow
 def test_an_untranslatable_op_is_one_line_naming_its_node() -> None:
     program = capture(Mysterious(), (torch.randn(2, 4),))
     with pytest.raises(OnnxModularError) as caught:

@@ -1,0 +1,609 @@
+"""Canonical function prototypes: structurally equal module calls share one function on every
+architecture (CNNs, diffusion transformers, dynamic shapes, ignored outputs), and every
+function of a class beyond the first says why it stayed apart.
+
+The number of distinct bodies is computed here independently of the exporter: each function
+is keyed with the keys of the functions it calls expanded in place (names ignored), so two
+functions with one key would be one prototype missed.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+
+import models
+import onnx
+import pytest
+import torch
+from torch import nn
+
+import onnx_modular as om
+from onnx_modular.metadata import DIFFERS_FROM, NO_MODULE
+
+# ---- CNN blocks written as torchvision writes them -------------------------------------------
+
+
+def conv_bn(cin: int, cout: int, k: int = 3, stride: int = 1, groups: int = 1) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False),
+                         nn.BatchNorm2d(cout), nn.ReLU(inplace=True))
+
+
+class Fire(nn.Module):
+    def __init__(self, cin: int, squeeze: int, expand: int) -> None:
+        super().__init__()
+        self.squeeze = nn.Conv2d(cin, squeeze, 1)
+        self.expand1x1 = nn.Conv2d(squeeze, expand, 1)
+        self.expand3x3 = nn.Conv2d(squeeze, expand, 3, padding=1)
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.act(self.squeeze(x))
+        return torch.cat([self.act(self.expand1x1(x)), self.act(self.expand3x3(x))], 1)
+
+
+class SqueezeNet(nn.Module):
+    """Four Fire modules at two resolutions (SqueezeNet's layout, small)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, 2, 1)
+        self.features = nn.Sequential(Fire(16, 4, 8), Fire(16, 4, 8), nn.MaxPool2d(2),
+                                      Fire(16, 4, 8), Fire(16, 4, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.features(self.stem(x)).mean((2, 3))
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                            nn.BatchNorm2d(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        return self.relu(self.bn2(self.conv2(out)) + identity)
+
+
+class ResNet(nn.Module):
+    """Three stages of two BasicBlocks; stages 2 and 3 start with a strided downsample."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = conv_bn(3, 8)
+        self.layer1 = nn.Sequential(BasicBlock(8, 8), BasicBlock(8, 8))
+        self.layer2 = nn.Sequential(BasicBlock(8, 16, 2), BasicBlock(16, 16))
+        self.layer3 = nn.Sequential(BasicBlock(16, 32, 2), BasicBlock(32, 32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer3(self.layer2(self.layer1(self.stem(x)))).mean((2, 3))
+
+
+class DenseLayer(nn.Module):
+    def __init__(self, cin: int, growth: int) -> None:
+        super().__init__()
+        self.norm = nn.BatchNorm2d(cin)
+        self.conv = nn.Conv2d(cin, growth, 3, padding=1, bias=False)
+
+    def forward(self, features: list[torch.Tensor]) -> torch.Tensor:
+        return self.conv(torch.relu(self.norm(torch.cat(features, 1))))
+
+
+class DenseNet(nn.Module):
+    def __init__(self, layers: int = 4, growth: int = 4) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.layers = nn.ModuleList(DenseLayer(8 + i * growth, growth) for i in range(layers))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = [self.stem(x)]
+        for layer in self.layers:
+            features.append(layer(features))
+        return torch.cat(features, 1).mean((2, 3))
+
+
+class InvertedResidual(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int, expand: int = 4) -> None:
+        super().__init__()
+        hidden = cin * expand
+        self.use_residual = stride == 1 and cin == cout
+        self.conv = nn.Sequential(conv_bn(cin, hidden, 1), conv_bn(hidden, hidden, 3, stride,
+                                                                    groups=hidden),
+                                  nn.Conv2d(hidden, cout, 1, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        return x + y if self.use_residual else y
+
+
+class MobileNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(conv_bn(3, 8, 3, 2), InvertedResidual(8, 8, 1),
+                                      InvertedResidual(8, 8, 1), InvertedResidual(8, 16, 2),
+                                      InvertedResidual(16, 16, 1), InvertedResidual(16, 16, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.features(x).mean((2, 3))
+
+
+class ConvNeXtBlock(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dwconv = nn.Conv2d(dim, dim, 7, padding=3, groups=dim)
+        self.norm = nn.LayerNorm(dim)
+        self.pwconv1 = nn.Linear(dim, 4 * dim)
+        self.act = nn.GELU()
+        self.pwconv2 = nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(torch.full((dim,), 0.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.dwconv(x).permute(0, 2, 3, 1)
+        y = self.pwconv2(self.act(self.pwconv1(self.norm(y)))) * self.gamma
+        return x + y.permute(0, 3, 1, 2)
+
+
+class ConvNeXt(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 4, 4)
+        self.stage1 = nn.Sequential(ConvNeXtBlock(16), ConvNeXtBlock(16))
+        self.down = nn.Conv2d(16, 32, 2, 2)
+        self.stage2 = nn.Sequential(ConvNeXtBlock(32), ConvNeXtBlock(32), ConvNeXtBlock(32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.stage2(self.down(self.stage1(self.stem(x)))).mean((2, 3))
+
+
+CNNS = {"squeezenet": SqueezeNet, "resnet": ResNet, "densenet": DenseNet,
+        "mobilenet": MobileNet, "convnext": ConvNeXt}
+
+
+# ---- the independent count --------------------------------------------------------------------
+
+def _attribute_key(attr: onnx.AttributeProto) -> object:
+    if attr.ref_attr_name:  # a parametrized body: the value is the call's
+        return ("ref", attr.ref_attr_name)
+    value = onnx.helper.get_attribute_value(attr)
+    if isinstance(value, onnx.TensorProto):
+        return hashlib.sha1(value.SerializeToString()).hexdigest()
+    if isinstance(value, bytes):
+        return value
+    return repr(value)
+
+
+def expanded_keys(proto: onnx.ModelProto) -> dict[tuple[str, str], str]:
+    """Function -> a key of its body with every call replaced by the callee's key."""
+    functions = {(f.domain, f.name): f for f in proto.functions}
+    keys: dict[tuple[str, str], str] = {}
+
+    def key(identifier: tuple[str, str]) -> str:
+        if identifier not in keys:
+            function = functions[identifier]
+            token = {name: f"in{i}" for i, name in enumerate(function.input)}
+            parts = []
+            for k, node in enumerate(function.node):
+                callee = (node.domain, node.op_type)
+                op = key(callee) if callee in functions else f"{node.domain}::{node.op_type}"
+                attrs = sorted((a.name, _attribute_key(a)) for a in node.attribute)
+                parts.append((op, [token.get(i, "?") for i in node.input], attrs))
+                for j, out in enumerate(node.output):
+                    token[out] = f"n{k}.{j}"
+            parts.append([token.get(o, "?") for o in function.output])
+            keys[identifier] = hashlib.sha1(repr(parts).encode()).hexdigest()
+        return keys[identifier]
+
+    for identifier in functions:
+        key(identifier)
+    return keys
+
+
+def check_prototypes(result: om.ExportResult) -> None:
+    """No two functions of one class are one prototype; every extra function of a class
+    says why it stayed apart."""
+    proto = result.model_proto
+    keys = expanded_keys(proto)
+    classes = {(f.domain, f.name): f.doc_string for f in proto.functions}
+    twins = [names for names in _groups(keys, classes).values() if len(names) > 1]
+    assert not twins, f"functions with equal bodies: {twins}"
+    seen: set[tuple[str, str]] = set()
+    for function in proto.functions:
+        meta = {p.key: p.value for p in function.metadata_props}
+        cls = (function.domain, function.doc_string)
+        assert (DIFFERS_FROM in meta) == (cls in seen), function.name
+        seen.add(cls)
+        assert function.name != NO_MODULE
+
+
+def assert_bodies_name_no_call(result: om.ExportResult) -> None:
+    """No string inside a function (names, metadata, attributes) names the module path of a
+    call of it: a shared body must read the same for every call."""
+    paths_of: dict[str, set[str]] = collections.defaultdict(set)
+    for call_id, name in result.report.function_of_call.items():
+        paths_of[name].add(call_id.split("@")[0].split("#")[0])
+    for function in result.model_proto.functions:
+        strings = [function.name, *function.input, *function.output]
+        for node in function.node:
+            strings += [node.name, *node.input, *node.output]
+            strings += [p.value for p in node.metadata_props if "stack_trace" not in p.key]
+            strings += [a.s.decode() for a in node.attribute if a.s]
+        strings += [p.value for p in function.metadata_props]
+        for path in paths_of[function.name]:
+            named = [text for text in strings if path and _names(text, path)]
+            assert not named, f"{function.name} names its call '{path}': {named[:3]}"
+
+
+def _names(text: str, path: str) -> bool:
+    """Does ``text`` hold ``path`` as a whole dotted path (not a part of a longer name)?"""
+    start = text.find(path)
+    while start != -1:
+        end = start + len(path)
+        before = text[start - 1] if start else " "
+        after = text[end] if end < len(text) else " "
+        if not (before.isalnum() or before in "._") and not (after.isalnum() or after == "_"):
+            return True
+        start = text.find(path, start + 1)
+    return False
+
+
+def _groups(keys: dict[tuple[str, str], str],
+            classes: dict[tuple[str, str], str]) -> dict[tuple[str, str], list[str]]:
+    groups: dict[tuple[str, str], list[str]] = collections.defaultdict(list)
+    for identifier, key in keys.items():
+        groups[(classes[identifier], key)].append(identifier[1])
+    return groups
+
+
+def calls_of(result: om.ExportResult, cls: str) -> collections.Counter[str]:
+    """Function name -> number of calls, for calls of one class."""
+    return collections.Counter(
+        name for call, name in result.report.function_of_call.items()
+        if any(f.name == name and f.doc_string.endswith("." + cls)
+               for f in result.model.functions.values()))
+
+
+# ---- tests ------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CNNS))
+def test_cnn_blocks_share_prototypes(name: str) -> None:
+    torch.manual_seed(0)
+    model = CNNS[name]().eval()
+    args = (torch.randn(1, 3, 32, 32),)
+    result = om.export(model, args)
+    check_prototypes(result)
+    assert_bodies_name_no_call(result)
+    assert om.validate(model, args, result, providers="cpu").ok
+    flat = om.export(model, args, functions="none")
+    assert not flat.model.functions
+    assert om.validate(model, args, flat, providers="cpu").ok
+
+
+@pytest.mark.slow
+def test_fire_modules_at_two_resolutions_are_one_function() -> None:
+    torch.manual_seed(0)
+    result = om.export(SqueezeNet().eval(), (torch.randn(1, 3, 32, 32),))
+    assert calls_of(result, "Fire") == {"Fire": 4}
+
+
+@pytest.mark.slow
+def test_resnet_blocks_share_by_structure_and_the_rest_is_explained() -> None:
+    torch.manual_seed(0)
+    result = om.export(ResNet().eval(), (torch.randn(1, 3, 32, 32),))
+    # plain blocks of every stage share one function; the two strided ones another
+    assert calls_of(result, "BasicBlock") == {"BasicBlock": 4, "BasicBlock_1": 2}
+    why = {f.name: f.differs_from for f in result.functions}
+    assert why["BasicBlock_1"].startswith("BasicBlock: ")
+    assert "Sequential" in why["BasicBlock_1"]  # the downsample branch
+
+
+class Attention(nn.Module):
+    """torchvision's ViT encoder block: MultiheadAttention, batch size read from the input."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(dim)
+        self.self_attention = nn.MultiheadAttention(dim, 2, batch_first=True)
+        self.ln_2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.ln_1(x)
+        x = x + self.self_attention(y, y, y, need_weights=False)[0]
+        return x + self.mlp(self.ln_2(x))
+
+
+class ViT(nn.Module):
+    def __init__(self, layers: int = 4, dim: int = 16) -> None:
+        super().__init__()
+        self.proj = nn.Linear(12, dim)
+        self.layers = nn.Sequential(*(Attention(dim) for _ in range(layers)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(self.proj(x))
+
+
+@pytest.mark.slow
+def test_dynamic_batch_and_sequence_keep_one_block_function() -> None:
+    from onnx_modular.examples import TinyGPT, tiny_gpt_inputs
+
+    torch.manual_seed(0)
+    batch, seq = torch.export.Dim("batch", min=1, max=16), torch.export.Dim("seq", min=2,
+                                                                            max=16)
+    vit = ViT().eval()
+    x = torch.randn(2, 6, 12)
+    result = om.export(vit, (x,), dynamic_shapes=({0: batch, 1: seq},))
+    check_prototypes(result)
+    assert calls_of(result, "Attention") == {"Attention_module": 4}  # not the ONNX op
+    other = (torch.randn(3, 5, 12),)  # another batch and length than exported with
+    assert om.validate(vit, other, result, providers="cpu").ok
+    gpt = TinyGPT().eval()
+    ids = tiny_gpt_inputs()
+    result = om.export(gpt, ids, dynamic_shapes=({0: batch, 1: seq},))
+    check_prototypes(result)
+    assert calls_of(result, "Block") == {"Block": len(gpt.blocks)}
+    assert not any(NO_MODULE in str(n.target) for n in result.graph_module.graph.nodes)
+
+
+class TwoOut(nn.Module):
+    """Two outputs cut from one computation, as Flux's single blocks return them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 16)
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.a(x)
+        return torch.tanh(h[:, :8]) + c, h[:, 8:] * 2
+
+
+class IgnoresLast(nn.Module):
+    """The caller ignores the second output of the last block (Flux's single blocks)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(TwoOut() for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        c = torch.sin(x)  # computed: a constant here would sit inside block 0's body
+        for i, block in enumerate(self.blocks):
+            x, side = block(x, c)
+            if i < len(self.blocks) - 1:
+                c = side
+        return x
+
+
+@pytest.mark.slow
+def test_an_ignored_output_does_not_split_the_prototype() -> None:
+    torch.manual_seed(0)
+    model, args = IgnoresLast().eval(), (torch.randn(2, 8),)
+    result = om.export(model, args)
+    check_prototypes(result)
+    assert calls_of(result, "TwoOut") == {"TwoOut": 4}
+    assert om.validate(model, args, result, providers="cpu").ok
+
+
+class Branchy(nn.Module):
+    def __init__(self, bad: bool) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.bad = bad
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc(x)
+        if self.bad and y.sum() > 0:  # data-dependent control flow
+            return y * 2
+        return y
+
+
+class Eigh(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.linalg.eigh(x)[0]
+
+
+class Blocks(nn.Module):
+    def __init__(self, last: nn.Module) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Identity(), nn.Identity(), last])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def test_export_failure_names_the_module_and_the_users_line() -> None:
+    with pytest.raises(om.OnnxModularError, match=r"OM0201.*\[module 'blocks\.2', "
+                       r".*test_prototypes\.py:\d+\]"):
+        om.export(Blocks(Branchy(True)), (torch.randn(2, 4),))
+
+
+def test_translation_failure_after_decomposition_names_the_module() -> None:
+    with pytest.raises(om.OnnxModularError, match=r"_linalg_eigh.*\[module 'blocks\.2', "
+                       r"node '_linalg_eigh', .*test_prototypes\.py:\d+\]"):
+        om.export(Blocks(Eigh()), (torch.randn(4, 4),))
+
+
+@pytest.mark.slow
+def test_transformer_bodies_name_no_call_and_inline_back_to_absolute_labels() -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=3, n_embd=16, n_head=2, vocab_size=50, n_positions=16,
+                        use_cache=False, attn_implementation="eager")
+    model = GPT2LMHeadModel(config).eval()
+    args = (torch.randint(0, 50, (1, 6)),)
+    result = om.export(model, args)
+    assert_bodies_name_no_call(result)
+    block = next(f for f in result.model.functions.values() if f.name == "GPT2Block")
+    assert "ln_1.weight" in [v.name for v in block.inputs]
+    # the flat model (every body inlined) labels each copy with its own call
+    flat = om.export(model, args, functions="none").model_proto
+    scopes = [p.value for n in flat.graph.node for p in n.metadata_props
+              if p.key == "pkg.torch.onnx.name_scopes"]
+    for layer in range(3):
+        assert any(f"'transformer.h.{layer}.attn'" in s for s in scopes), layer
+    assert not any("'ln_1'" in s or "'attn'" in s for s in scopes)  # no relative path left
+
+
+# ---- diffusion models (diffusers, tiny configs, random weights) -------------------------------
+
+def _flux() -> tuple[nn.Module, tuple]:
+    from diffusers import FluxTransformer2DModel
+
+    inner = FluxTransformer2DModel(
+        patch_size=1, in_channels=8, num_layers=1, num_single_layers=4, attention_head_dim=8,
+        num_attention_heads=2, joint_attention_dim=16, pooled_projection_dim=16,
+        guidance_embeds=False, axes_dims_rope=(2, 2, 4)).eval()
+
+    class Flux(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.transformer = inner
+
+        def forward(self, hidden, enc, pooled, t, img_ids, txt_ids):  # type: ignore[no-untyped-def]
+            return self.transformer(hidden_states=hidden, encoder_hidden_states=enc,
+                                    pooled_projections=pooled, timestep=t, img_ids=img_ids,
+                                    txt_ids=txt_ids, return_dict=False)[0]
+
+    return Flux().eval(), (torch.randn(1, 16, 8), torch.randn(1, 4, 16), torch.randn(1, 16),
+                           torch.tensor([0.5]), torch.zeros(16, 3), torch.zeros(4, 3))
+
+
+def _dit() -> tuple[nn.Module, tuple]:
+    from diffusers import DiTTransformer2DModel
+
+    inner = DiTTransformer2DModel(
+        num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4,
+        num_layers=3, sample_size=8, patch_size=2, num_embeds_ada_norm=10).eval()
+
+    class DiT(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.transformer = inner
+
+        def forward(self, hidden, t, labels):  # type: ignore[no-untyped-def]
+            return self.transformer(hidden, timestep=t, class_labels=labels,
+                                    return_dict=False)[0]
+
+    return DiT().eval(), (torch.randn(1, 4, 8, 8), torch.tensor([3]), torch.tensor([1]))
+
+
+def _unet() -> tuple[nn.Module, tuple]:
+    from diffusers import UNet2DConditionModel
+
+    inner = UNet2DConditionModel(
+        sample_size=8, in_channels=4, out_channels=4, layers_per_block=1,
+        block_out_channels=(8, 16), down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=16,
+        attention_head_dim=2, norm_num_groups=4).eval()
+
+    class UNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.unet = inner
+
+        def forward(self, sample, t, enc):  # type: ignore[no-untyped-def]
+            return self.unet(sample, t, encoder_hidden_states=enc, return_dict=False)[0]
+
+    return UNet().eval(), (torch.randn(1, 4, 8, 8), torch.tensor([3]), torch.randn(1, 4, 16))
+
+
+def _vae() -> tuple[nn.Module, tuple]:
+    from diffusers import AutoencoderKL
+
+    inner = AutoencoderKL(in_channels=3, out_channels=3, block_out_channels=(8, 16),
+                          down_block_types=("DownEncoderBlock2D",) * 2,
+                          up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=4,
+                          norm_num_groups=4, layers_per_block=1).eval()
+
+    class VAE(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.vae = inner
+
+        def forward(self, x):  # type: ignore[no-untyped-def]
+            return self.vae(x, sample_posterior=False, return_dict=False)[0]
+
+    return VAE().eval(), (torch.randn(1, 3, 16, 16),)
+
+
+DIFFUSION = {"flux": _flux, "sd3": models.sd3, "dit": _dit, "unet2d_condition": _unet,
+             "autoencoder_kl": _vae}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(DIFFUSION))
+def test_diffusion_models_share_prototypes(name: str) -> None:
+    pytest.importorskip("diffusers")
+    torch.manual_seed(0)
+    model, args = DIFFUSION[name]()
+    result = om.export(model, args)
+    check_prototypes(result)
+    assert_bodies_name_no_call(result)
+    assert om.validate(model, args, result, providers="cpu").ok
+
+
+@pytest.mark.slow
+def test_flux_single_blocks_are_one_function() -> None:
+    pytest.importorskip("diffusers")
+    torch.manual_seed(0)
+    model, args = _flux()
+    result = om.export(model, args)
+    assert calls_of(result, "FluxSingleTransformerBlock") == {"FluxSingleTransformerBlock": 4}
+
+
+# ---- real torchvision / timm models (installed in the torch 2.14 CI job) ----------------------
+
+TORCHVISION = ["squeezenet1_0", "resnet18", "mobilenet_v3_small", "densenet121"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", TORCHVISION)
+def test_torchvision_models_share_prototypes(name: str) -> None:
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = getattr(torchvision.models, name)(weights=None).eval()
+    args = (torch.randn(1, 3, 64, 64),)
+    result = om.export(model, args)
+    check_prototypes(result)
+    assert om.validate(model, args, result, providers="cpu").ok
+
+
+@pytest.mark.slow
+def test_timm_vit_blocks_share_one_function_under_a_dynamic_batch() -> None:
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32,
+                              depth=4).eval()
+    args = (torch.randn(2, 3, 32, 32),)
+    result = om.export(model, args,
+                       dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=8)},))
+    check_prototypes(result)
+    assert calls_of(result, "Block") == {"Block": 4}
+    assert om.validate(model, (torch.randn(3, 3, 32, 32),), result, providers="cpu").ok
+
+
+@pytest.mark.slow
+def test_inspect_shows_why_functions_of_a_class_stayed_apart(tmp_path) -> None:
+    from onnx_modular.cli import main
+
+    torch.manual_seed(0)
+    om.export(ResNet().eval(), (torch.randn(1, 3, 32, 32),)).save(tmp_path / "r.onnx")
+    import contextlib
+    import io
+
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        assert main(["inspect", str(tmp_path / "r.onnx")]) == 0
+    text = buffer.getvalue()
+    assert "differs from" in text and "BasicBlock: " in text
