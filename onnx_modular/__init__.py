@@ -24,11 +24,11 @@ from onnx_modular.diagnostics import (
     to_sarif,
 )
 from onnx_modular.lower.capture import capture
+from onnx_modular.lower.markers import pipe_split
 from onnx_modular.metadata import CallInfo
 from onnx_modular.parts.runner import SplitRunner
 from onnx_modular.parts.triton_runner import TritonRunner
 from onnx_modular.passes.modularize import modularize, module_call_chains
-from onnx_modular.passes.stages import pipe_split
 from onnx_modular.support.operator_support import OperatorSupport
 
 __all__ = [

@@ -19,9 +19,9 @@ from onnx_modular.api.arguments import DynamicShapes, ExampleArgs, ExampleKwargs
 from onnx_modular.diagnostics import DiagnosticContext
 from onnx_modular.emit.pipeline import Chains, EmitOptions, EmitReport, emit_model, program_weights
 from onnx_modular.lower.capture import capture
+from onnx_modular.lower.markers import without_markers
 from onnx_modular.lower.translate import Translation, stable_stack_traces, translate
 from onnx_modular.passes.modularize import modularize, module_call_chains
-from onnx_modular.passes.stages import without_markers
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,6 +29,7 @@ from onnx_modular.api.spine import lower
 from onnx_modular.diagnostics import DiagnosticContext, records_failures
 from onnx_modular.errors import fail, rules
 from onnx_modular.lower.capture import capture
+from onnx_modular.lower.markers import without_markers
 from onnx_modular.lower.translate import check_opset
 from onnx_modular.passes import stages as stage_pass
 from onnx_modular.passes.balance import StagePlan, balanced_plan
@@ -73,7 +74,7 @@ def plan_stages(model: Model, args: ExampleArgs | None = None, *,
     ctx = ctx or DiagnosticContext()
     program = _capture(model, args, kwargs, ctx, "plan_stages", weights,
                        meta_ok=True)  # shapes suffice
-    return balanced_plan(stage_pass.without_markers(program), num_stages, max_stage_bytes, ctx)
+    return balanced_plan(without_markers(program), num_stages, max_stage_bytes, ctx)
 
 
 @records_failures
@@ -133,7 +134,7 @@ def split_by(model_or_program: Model, callback: Callable[[torch.fx.Node], int],
     """
     ctx = ctx or DiagnosticContext()
     check_opset(opset, flat=False, ctx=ctx, what="a split model")
-    program = stage_pass.without_markers(_capture(model_or_program, args, kwargs, ctx,
+    program = without_markers(_capture(model_or_program, args, kwargs, ctx,
                                                   "split_by", weights))
     assignment = stage_pass.from_callback(program, callback, ctx)
     return _cut(program, assignment, ctx, opset, hierarchical)

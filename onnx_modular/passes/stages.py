@@ -14,7 +14,6 @@ the split's :class:`~onnx_modular.passes.split.CutRegions` cuts it (``StagesPass
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import difflib
 from collections.abc import Callable, Mapping, Sequence
@@ -24,6 +23,7 @@ import torch.fx
 
 from onnx_modular.diagnostics import DiagnosticContext, Location
 from onnx_modular.errors import fail, rules
+from onnx_modular.lower.markers import is_marker
 from onnx_modular.passes.infra import PassConditionError
 from onnx_modular.passes.split import (
     Partition,
@@ -37,22 +37,6 @@ from onnx_modular.passes.split import (
 from onnx_modular.support.operator_support import CALLABLE_OPS
 
 STAGE_PREFIX = "stage_"
-
-_LIB = torch.library.Library("onnx_modular", "FRAGMENT")
-_LIB.define("pipe_split() -> ()")
-_LIB.impl("pipe_split", lambda: None, "CompositeExplicitAutograd")
-torch.fx.node.has_side_effect(torch.ops.onnx_modular.pipe_split.default)
-
-
-def pipe_split() -> None:
-    """Mark a stage boundary inside ``forward``; does nothing when the model runs."""
-    torch.ops.onnx_modular.pipe_split()
-
-
-def is_marker(node: torch.fx.Node) -> bool:
-    return node.op == "call_function" and node.target in (
-        torch.ops.onnx_modular.pipe_split.default, torch.ops.onnx_modular.pipe_split)
-
 
 @dataclasses.dataclass
 class StageAssignment:
@@ -201,17 +185,6 @@ def combined(first: StageAssignment, second: StageAssignment) -> StageAssignment
     """Cut where either of two in-order assignments cuts (markers and split points together)."""
     stage_of = {n: s + second.stage_of.get(n, 0) for n, s in first.stage_of.items()}
     return _renumbered(stage_of, f"{first.how}+{second.how}")
-
-
-def without_markers(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
-    """A copy of the program with the markers erased, ready to translate."""
-    if not any(is_marker(n) for n in ep.graph.nodes):
-        return ep
-    ep = copy.deepcopy(ep)
-    for node in [n for n in ep.graph.nodes if is_marker(n)]:
-        ep.graph.erase_node(node)
-    ep.graph_module.recompile()
-    return ep
 
 
 def decomposed_assignment(assignment: StageAssignment,

@@ -16,9 +16,9 @@ import onnx_modular as om
 from onnx_modular.api import spine
 from onnx_modular.errors import rules
 from onnx_modular.lower import translate
+from onnx_modular.lower.markers import is_marker
 from onnx_modular.lower.translate import quiet_torch_onnx
 from onnx_modular.passes.modularize import Modularize
-from onnx_modular.passes.stages import is_marker
 
 
 @pytest.fixture

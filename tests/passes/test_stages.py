@@ -8,6 +8,7 @@ import torch
 from models import Marked
 
 import onnx_modular as om
+from onnx_modular.lower import markers
 from onnx_modular.passes import stages
 
 
@@ -21,15 +22,15 @@ def test_pipe_split_is_identity_at_run_time_and_kept_by_export() -> None:
     expected = model.c(hidden) + hidden
     assert torch.equal(model(x), expected)
     ep = _ep(model, (x,))
-    assert sum(stages.is_marker(n) for n in ep.graph.nodes) == 3
+    assert sum(markers.is_marker(n) for n in ep.graph.nodes) == 3
     assignment = stages.from_markers(ep)
     assert assignment.count == 3
     assert assignment.stage_of["linear"] == 0
     assert assignment.stage_of["relu"] == 1 and assignment.stage_of["linear_2"] == 2
-    clean = stages.without_markers(ep)
-    assert not any(stages.is_marker(n) for n in clean.graph.nodes)
+    clean = markers.without_markers(ep)
+    assert not any(markers.is_marker(n) for n in clean.graph.nodes)
     assert torch.equal(clean.module()(x), expected)
-    assert sum(stages.is_marker(n) for n in ep.graph.nodes) == 3  # the input is untouched
+    assert sum(markers.is_marker(n) for n in ep.graph.nodes) == 3  # the input is untouched
 
 
 def test_split_points_beginning_and_end() -> None:
