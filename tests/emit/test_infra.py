@@ -21,7 +21,7 @@ from onnx_modular.emit.infra import (
 from onnx_modular.errors import fail, rules
 from onnx_modular.metadata import META_CALL, META_FX_OUTPUTS, META_PATH
 
-from emit import graphs
+from . import graphs
 
 
 def _relu() -> ir.Model:
