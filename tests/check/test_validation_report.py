@@ -38,7 +38,8 @@ def _localization():
                     for i in range(3)]
     calls = [OnnxCall(CallInfo("", "", "pkg.Model"), ["v2"], None, True, ["x"])]
     calls += [OnnxCall(CallInfo(f"h.{i}", f"h.{i}", "pkg.Block"), [f"v{i}"], 0, True,
-                       ["x" if i == 0 else f"v{i - 1}"]) for i in range(3)]
+                       ["x" if i == 0 else f"v{i - 1}"], site=("main", f"L{i}"))
+              for i in range(3)]
     probe = Probe(b"", calls, {"x": -1, "v0": 0, "v1": 1, "v2": 2}, "flat")
     values = {"x": np.ones(3, np.float32), "v0": np.zeros(3, np.float32),
               "v1": np.full(3, 1.5, np.float32), "v2": np.full(3, 2.5, np.float32)}
@@ -131,7 +132,8 @@ def test_save_by_extension(tmp_path, failing, name: str) -> None:
 
 def test_save_as_model_explorer_writes_node_data(tmp_path, failing) -> None:
     failing.save(tmp_path / "n.json", format="model-explorer")
-    assert json.loads((tmp_path / "n.json").read_text()) == failing.node_data()
+    data = json.loads((tmp_path / "n.json").read_text())
+    assert data == failing.node_data() and set(data["main"]["results"]) == {"L0", "L1", "L2"}
 
 
 def test_bad_formats_and_paths_are_one_line(tmp_path, failing) -> None:
