@@ -126,7 +126,7 @@ def function_table(model: onnx.ModelProto) -> Table:
                          else "left")
     for s in sorted(stats, key=lambda s: (-s.calls, s.name)):
         table.add_row(Text(s.name), Text(s.domain), str(s.nodes), str(s.calls),
-                      *([s.differs_from] * explained))
+                      *([Text(s.differs_from)] * explained))
     return table
 
 

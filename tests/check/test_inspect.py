@@ -99,9 +99,6 @@ def test_the_graph_name_is_text_not_markup(model) -> None:
     assert _text(call_tree(proto)).startswith("[red]g[/red]")
 
 
-@pytest.mark.xfail(strict=True, reason="bug: function_table renders the file's "
-                   "onnx_modular.differs_from as rich markup (names and domains are Text): "
-                   "brackets in it vanish, and a stray closing tag raises MarkupError")
 def test_the_differs_from_text_is_text_not_markup(model) -> None:
     why = "[bold]other[/bold]: [/x] a Relu more"
     assert why in _text(function_table(_explained(model, why)))
