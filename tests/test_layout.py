@@ -67,7 +67,6 @@ def test_every_module_belongs_to_a_known_part() -> None:
     assert not unknown, f"modules outside the layout: {unknown}"
 
 
-@pytest.mark.slow
 def test_no_module_imports_from_a_later_stage() -> None:
     wrong = []
     for path in modules():
@@ -134,7 +133,6 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return cycles
 
 
-@pytest.mark.slow
 def test_no_import_cycles() -> None:
     cycles = import_cycles(import_graph())
     assert not cycles, "modules that import each other, directly or around a circle:\n" + \
@@ -147,7 +145,6 @@ def test_the_cycle_check_catches_a_circle() -> None:
     assert import_cycles({"a": {"b"}, "b": set()}) == []
 
 
-@pytest.mark.slow
 def test_emit_imports_nothing_from_passes() -> None:
     """The FX passes run before emit (api/ lowers once, then emits): emit takes their
     result (the call chains) as data."""
