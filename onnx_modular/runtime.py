@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeAlias
 
 import numpy as np
 import onnx
@@ -127,6 +127,19 @@ _STRING, _MESSAGE = FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_MESSAGE
 _TEXT_FIELDS: dict[str, tuple[list[str], list[str]]] = {}
 
 
+class HasModelProto(Protocol):
+    """An export result: anything that hands out its ``model_proto``."""
+
+    @property
+    def model_proto(self) -> onnx.ModelProto: ...
+
+
+#: an ONNX model as every check takes it: a path, a ModelProto, an export result, or a
+#: model loaded already (the command line reads a file once, early)
+OnnxModelSource: TypeAlias = (
+    str | os.PathLike[str] | onnx.ModelProto | HasModelProto | LoadedModel)
+
+
 def non_text_field(message: Any) -> str | None:
     """The name of the first string field of ``message`` (nested ones too) that holds bytes
     that are not UTF-8, or None.
@@ -194,7 +207,7 @@ def _check_external_data(proto: onnx.ModelProto, folder: Path) -> None:
                              f"({end}): truncated")
 
 
-def load_model(onnx_model: Any, what: str = "ONNX model") -> LoadedModel:
+def load_model(onnx_model: OnnxModelSource, what: str = "ONNX model") -> LoadedModel:
     """A path, an ``onnx.ModelProto`` or anything with ``.model_proto`` (an export result).
 
     A :class:`LoadedModel` passes through, so the command line can read a file once, early

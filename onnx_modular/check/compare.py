@@ -95,9 +95,9 @@ def _random_feeds(la: runtime.LoadedModel, ma: ir.Model, lb: runtime.LoadedModel
 
 # ---- compare ---------------------------------------------------------------------------------
 
-def compare(a: Any, b: Any, inputs: Any = None, *, kwargs: dict[str, Any] | None = None,
-            provider: str = "cpu", rtol: float | None = None,
-            atol: float | None = None) -> CompareReport:
+def compare(a: runtime.OnnxModelSource, b: runtime.OnnxModelSource, inputs: Any = None, *,
+            kwargs: dict[str, Any] | None = None, provider: str = "cpu",
+            rtol: float | None = None, atol: float | None = None) -> CompareReport:
     """Compare ONNX models ``a`` and ``b`` (paths, ModelProtos or export results).
 
     ``inputs``: None (random, from ``a``'s declared inputs: see

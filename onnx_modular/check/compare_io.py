@@ -127,7 +127,8 @@ def _tolerances(got: np.ndarray, want: np.ndarray, rtol: float | None,
             max(a for _, a in pairs) if atol is None else atol)
 
 
-def compare_io(model: Any, inputs: str | Path | Mapping[str, np.ndarray],
+def compare_io(model: runtime.OnnxModelSource | bytes,
+               inputs: str | Path | Mapping[str, np.ndarray],
                expected: str | Path | Mapping[str, np.ndarray], *,
                providers: str | Sequence[str] | None = None, rtol: float | None = None,
                atol: float | None = None) -> IOReport:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 import numpy as np
 import torch
@@ -25,8 +26,12 @@ from onnx_modular.diagnostics import OnnxModularError
 from onnx_modular.errors import fail
 from onnx_modular.parts.runner import SplitRunner
 
-__all__ = ["Inputs", "Outputs", "PartsRunner", "Runner", "SessionRunner", "TorchRunner",
-           "snapshot"]
+__all__ = ["Inputs", "Outputs", "PartsRunner", "Runner", "SessionRunner", "TorchModel",
+           "TorchRunner", "snapshot"]
+
+
+#: the reference a check runs: a module, a program captured elsewhere, or a plain callable
+TorchModel: TypeAlias = torch.nn.Module | torch.export.ExportedProgram | Callable[..., Any]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +75,7 @@ class TorchRunner:
 
     name = "torch"
 
-    def __init__(self, model: Any, weights: Checkpoint | None = None) -> None:
+    def __init__(self, model: TorchModel, weights: Checkpoint | None = None) -> None:
         self.model = model
         self.weights = weights
 

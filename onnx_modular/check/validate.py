@@ -24,7 +24,7 @@ from onnx_modular._util import gc_paused
 from onnx_modular.check.inputs import as_args, bind_inputs, leaves
 from onnx_modular.check.localize import ProbeInAdvance, ValidationRun
 from onnx_modular.check.numerics import check_tolerances, check_value
-from onnx_modular.check.runners import Inputs, SessionRunner, TorchRunner, snapshot
+from onnx_modular.check.runners import Inputs, SessionRunner, TorchModel, TorchRunner, snapshot
 from onnx_modular.check.validation_report import OutputCheck, ProviderResult, ValidationReport
 from onnx_modular.errors import fail, rules
 
@@ -32,9 +32,9 @@ __all__ = ["OutputCheck", "ProviderResult", "ValidationReport", "validate"]
 
 
 def validate(
-    model: Any,
+    model: TorchModel,
     args: Any,
-    onnx_model: Any,
+    onnx_model: runtime.OnnxModelSource,
     *,
     kwargs: dict[str, Any] | None = None,
     providers: str | Sequence[str] | None = None,
