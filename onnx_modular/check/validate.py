@@ -5,14 +5,18 @@ available one of CUDA and CPU); each output is compared within tolerances chosen
 When an output diverges, :mod:`onnx_modular.check.localize` names the first module call whose
 outputs diverge, so that a user debugging an export looks at one module, not 2,000 nodes.
 This module runs the check through :mod:`~onnx_modular.check.runners` (torch eager, one
-ORT session per provider); inputs are bound in :mod:`~onnx_modular.check.inputs`, values
-judged in :mod:`~onnx_modular.check.numerics`, and the report rendered in
+ORT session per provider, or a parts directory's models chained per provider); inputs are
+bound in :mod:`~onnx_modular.check.inputs`, values judged in
+:mod:`~onnx_modular.check.numerics`, and the report rendered in
 :mod:`~onnx_modular.check.validation_report`. The command line prints the report.
 """
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,9 +28,18 @@ from onnx_modular._util import gc_paused
 from onnx_modular.check.inputs import as_args, bind_inputs, leaves
 from onnx_modular.check.localize import ProbeInAdvance, ValidationRun
 from onnx_modular.check.numerics import check_tolerances, check_value
-from onnx_modular.check.runners import Inputs, SessionRunner, TorchModel, TorchRunner, snapshot
+from onnx_modular.check.runners import (
+    Inputs,
+    PartsRunner,
+    SessionRunner,
+    TorchModel,
+    TorchRunner,
+    snapshot,
+)
 from onnx_modular.check.validation_report import OutputCheck, ProviderResult, ValidationReport
 from onnx_modular.errors import fail, rules
+from onnx_modular.parts.manifest import MANIFEST
+from onnx_modular.parts.runner import SplitRunner
 
 __all__ = ["OutputCheck", "ProviderResult", "ValidationReport", "validate"]
 
@@ -45,7 +58,11 @@ def validate(
 ) -> ValidationReport:
     """Run ``onnx_model`` on ORT and compare every output with ``model(*args, **kwargs)``.
 
-    ``onnx_model``: a path, an ``onnx.ModelProto`` or an export result (``.model_proto``).
+    ``onnx_model``: a path, an ``onnx.ModelProto`` or an export result (``.model_proto``);
+    or a parts directory (``manifest.json``, written by a split or stages ``save``), whose
+    parts are chained by :class:`~onnx_modular.parts.runner.SplitRunner` and checked end
+    to end (accelerator parts on each provider, CPU regions on the CPU; no localization:
+    it needs one model).
     ``providers``: None for every available one of CUDA and CPU; short names ("cpu",
     "cuda") work. ``rtol``/``atol`` override the per-dtype defaults for floating outputs.
     ``localize``: "auto" localizes only when an output diverges; True always; False never.
@@ -60,7 +77,8 @@ def validate(
     # snapshot, torch through a fresh copy each run, and the caller's tensors stay as given.
     args = snapshot(as_args(args))
     kwargs = snapshot(dict(kwargs or {}))
-    loaded = runtime.load_model(onnx_model)
+    parts = parts_directory(onnx_model)
+    loaded = runtime.load_model(onnx_model) if parts is None else None
     chosen = runtime.resolve_providers(providers)
     # Only providers the user left to the default may be skipped; an explicit request for
     # one that cannot run is an error, never a silent CPU-only check.
@@ -70,8 +88,8 @@ def validate(
     if not callable(reference):
         raise fail(f"model must be a torch.nn.Module or an ExportedProgram, "
                    f"got {type(model).__name__}")
-    feeds = bind_inputs(loaded.proto, leaves(reference, args, kwargs),
-                        f"ONNX model {loaded.label}")
+    feeds = {} if loaded is None else bind_inputs(
+        loaded.proto, leaves(reference, args, kwargs), f"ONNX model {loaded.label}")
     if weights is not None:
         check_checkpoint(model, weights)  # a mismatched checkpoint fails before any run
     elif isinstance(model, torch.nn.Module) and (on_meta := meta_tensor(model)) is not None:
@@ -79,9 +97,56 @@ def validate(
                    "pass its checkpoint as weights= (--weights on the command line)",
                    rules.VALIDATION)
 
+    inputs = Inputs(args, kwargs, feeds)
     with gc_paused():
-        return _validate(TorchRunner(model, weights), Inputs(args, kwargs, feeds), loaded,
+        if parts is not None:
+            return _validate_parts(TorchRunner(model, weights), inputs, parts, chosen,
+                                   rtol, atol, localize, defaulted, skipped)
+        assert loaded is not None
+        return _validate(TorchRunner(model, weights), inputs, loaded,
                          chosen, rtol, atol, localize, defaulted, skipped)
+
+
+def parts_directory(onnx_model: object) -> Path | None:
+    """``onnx_model`` as a parts directory (one holding ``manifest.json``), else None."""
+    if not isinstance(onnx_model, (str, os.PathLike)):
+        return None
+    path = Path(onnx_model)
+    try:
+        return path if path.is_dir() and (path / MANIFEST).is_file() else None
+    except OSError:  # a name too long for the file system: load_model says so
+        return None
+
+
+def _validate_parts(reference: TorchRunner, inputs: Inputs, directory: Path,
+                    chosen: list[str], rtol: float | None, atol: float | None,
+                    localize: bool | str, defaulted: bool, skipped: dict[str, str]
+                    ) -> ValidationReport:
+    """The chained parts against torch on each provider, end to end."""
+    if localize is True:
+        raise fail(f"'{directory}' is a parts directory: localization needs one ONNX model; "
+                   "validate a part's model, or the unsplit export, to localize",
+                   rules.VALIDATION)
+    names = [o["name"] for o in SplitRunner(directory).manifest["outputs"]]
+    expected = reference.run(inputs)
+    _check_pairing(expected.values, len(names), str(directory))
+    results = []
+    for provider in chosen:
+        parts = SplitRunner(directory, acc_providers=provider)
+        try:
+            start = time.perf_counter()
+            parts.open_sessions()
+            session_s = time.perf_counter() - start
+        except runtime.ProviderUnavailableError as exc:
+            if not defaulted:
+                raise
+            skipped[provider] = exc.diagnostic.message
+            continue
+        actual = PartsRunner(parts, runtime.short_provider(provider)).run(inputs)
+        checks = [_check(name, a, e, rtol, atol)
+                  for name, a, e in zip(names, actual.values, expected.values, strict=True)]
+        results.append(ProviderResult(provider, checks, session_s, actual.seconds))
+    return ValidationReport(str(directory), results, expected.seconds, skipped=skipped)
 
 
 def _validate(reference: TorchRunner, inputs: Inputs, loaded: runtime.LoadedModel,
@@ -94,7 +159,7 @@ def _validate(reference: TorchRunner, inputs: Inputs, loaded: runtime.LoadedMode
     source = loaded.session_source()  # serialized once, before the probe's thread reads it
     advance = ProbeInAdvance(loaded, chosen[-1]) \
         if localize is True and chosen and not loaded.large else None
-    _check_pairing(expected.values, loaded)
+    _check_pairing(expected.values, len(loaded.proto.graph.output), f"ONNX model {loaded.label}")
     results = _provider_results(loaded, source, chosen, inputs, expected.values, rtol, atol,
                                 defaulted, skipped)
     report = ValidationReport(loaded.label, results, expected.seconds, skipped=skipped)
@@ -108,17 +173,16 @@ def _validate(reference: TorchRunner, inputs: Inputs, loaded: runtime.LoadedMode
     return report
 
 
-def _check_pairing(expected: list[torch.Tensor], loaded: runtime.LoadedModel) -> None:
+def _check_pairing(expected: list[torch.Tensor], outputs: int, label: str) -> None:
     """Torch's outputs must be something to compare, one per ONNX output."""
-    outputs = loaded.proto.graph.output
     if expected and all(t.numel() == 0 for t in expected):
         raise fail(f"every output of the torch model is empty (shapes "
                    f"{', '.join(str(list(t.shape)) for t in expected)}) on these inputs: "
                    "there is nothing to compare; validate with inputs of non-zero size",
                    rules.VALIDATION)
-    if len(expected) != len(outputs):
-        raise fail(f"torch returns {len(expected)} tensor(s) but ONNX model {loaded.label} "
-                   f"has {len(outputs)} output(s); they cannot be paired",
+    if len(expected) != outputs:
+        raise fail(f"torch returns {len(expected)} tensor(s) but {label} "
+                   f"has {outputs} output(s); they cannot be paired",
                    rules.VALIDATION)
 
 

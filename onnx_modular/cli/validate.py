@@ -12,9 +12,10 @@ from typing import Any
 from rich.markup import escape
 
 from onnx_modular.check.extract import check_directory
-from onnx_modular.check.validate import validate
+from onnx_modular.check.validate import parts_directory, validate
 from onnx_modular.cli import common, paths
 from onnx_modular.errors import fail, rules
+from onnx_modular.parts.runner import SplitRunner
 from onnx_modular.runtime import load_model
 
 
@@ -23,7 +24,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = common.add_subcommand(subparsers, "validate", run,
                               help="compare torch eager with ONNX Runtime")
     common.add_model_inputs(p)
-    p.add_argument("onnx", metavar="MODEL.onnx")
+    p.add_argument("onnx", metavar="MODEL.onnx",
+                   help="the ONNX file, or a parts directory (manifest.json) a split or "
+                   "stages save wrote, checked end to end")
     common.add_providers(p)
     common.add_tolerances(p)
     common.add_report(p)
@@ -39,16 +42,20 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Validate and print the report: 0 when every output matches, 1 when one does not."""
+    parts = parts_directory(args.onnx)
+    onnx_reads = paths.onnx_files("MODEL.onnx", args.onnx) if parts is None else {
+        f"MODEL.onnx (its file {f.name})": str(f) for f in sorted(parts.iterdir())}
     paths.check_paths(
         reads={"MODEL": paths.spec_file(args.model), "--inputs": paths.spec_file(args.inputs),
-               **paths.onnx_files("MODEL.onnx", args.onnx)},
+               **onnx_reads},
         files={"--report": args.report, "--node-data": args.node_data},
         folders={"--extract": args.extract})
     if args.report:
         common.check_report(args.report)
-    _check_repro_flags(args)
+    _check_repro_flags(args, parts is not None)
     providers = common.providers(args.providers)
-    loaded = load_model(args.onnx)  # a corrupt file fails here, before the model is built
+    # a corrupt file (or manifest) fails here, before the model is built
+    loaded = load_model(args.onnx) if parts is None else SplitRunner(parts).directory
     model, inputs, kwargs = common.load_model_and_inputs(args)
     with common.step("Validating against ONNX Runtime"):
         rep = validate(model, inputs, loaded, kwargs=kwargs,
@@ -59,8 +66,13 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
-def _check_repro_flags(args: argparse.Namespace) -> None:
+def _check_repro_flags(args: argparse.Namespace, parts: bool) -> None:
     """Flags that cannot work fail before the long work."""
+    for flag, value in (("--extract", args.extract), ("--node-data", args.node_data)):
+        if parts and value is not None:
+            raise fail(f"{flag} needs one ONNX model, and {args.onnx} is a parts directory: "
+                       "validate a part's model, or the unsplit export, for it",
+                       rules.BAD_INPUT)
     if args.call and args.extract is None:
         raise fail("--call names the module call to extract: add --extract DIR",
                    rules.BAD_INPUT)

@@ -73,6 +73,13 @@ class SplitRunner:
     def providers_of(self, part: dict[str, Any]) -> list[str]:
         return self.cpu_providers if part.get("kind") == "cpu" else self.acc_providers
 
+    def open_sessions(self) -> None:
+        """Make every part's session now (a missing file or provider fails here, before a
+        run; a check times session creation apart from the run)."""
+        for part in self.parts:
+            if part.get("outputs"):
+                self.session(part)
+
     def session(self, part: dict[str, Any]) -> Any:
         """The ORT session of one part (created on first use, once, whatever the threads)."""
         name = part["name"]
