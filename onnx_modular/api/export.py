@@ -100,7 +100,7 @@ def export(model: Model, args: ExampleArgs = (), kwargs: ExampleKwargs | None = 
     the meta device: each weight is read from its mapped file only when it is written
     (:mod:`onnx_modular._checkpoint`); the same file as exporting the materialized model.
     """
-    ctx = ctx if ctx is not None else DiagnosticContext()
+    assert ctx is not None  # made by @records_failures when the caller gives none
     if not isinstance(args, tuple):
         args = (args,)
     options = EmitOptions(functions, dedupe, optimize_model)
@@ -108,7 +108,7 @@ def export(model: Model, args: ExampleArgs = (), kwargs: ExampleKwargs | None = 
     # collections meanwhile rescan the model again and again (10-20% of the export time).
     with gc_paused():
         options.selection()  # a bad selection fails now, not after seconds of export
-        check_opset(opset, flat=options.flat, ctx=ctx)
+        check_opset(opset, flat=options.flat)
         lowered = lower(model, args, kwargs, dynamic_shapes, opset, ctx, weights=weights,
                         with_calls=needs_calls(options))
         report = emit_whole(lowered, options, ctx)

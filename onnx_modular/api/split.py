@@ -21,11 +21,8 @@ from onnx_modular.api.spine import lower
 from onnx_modular.diagnostics import DiagnosticContext, records_failures
 from onnx_modular.emit.regions import AccLimits
 from onnx_modular.lower.translate import check_opset
-from onnx_modular.passes.infra import PassManager
 from onnx_modular.passes.split import (
-    CutRegions,
-    PlanRegions,
-    SplitPassResult,
+    SplitPass,
     SplitPlan,
     check_limits,
 )
@@ -58,17 +55,18 @@ def split(model: Model, args: ExampleArgs = (), *, support: SupportSpec,
     ``weights``: the checkpoint of a model built on the meta device (as for ``om.export``):
     each region's weights are read from their mapped files as its model is written.
     """
-    ctx = ctx or DiagnosticContext()
+    assert ctx is not None  # made by @records_failures when the caller gives none
     check_limits(min_acc_module_size, max_acc_splits)
     op_support = resolve_support(support)
-    check_opset(opset, flat=False, ctx=ctx, what="a split model")
+    check_opset(opset, flat=False, what="a split model")
     lowered = lower(model, args, kwargs, opset=opset, ctx=ctx, weights=weights)
     flat_module = lowered.program.module()
     context = SupportContext(fx_to_onnx_nodes(lowered.model), dict(lowered.model.opset_imports))
-    planner = PlanRegions(op_support, context=context, min_acc_module_size=min_acc_module_size,
-                          max_acc_splits=max_acc_splits, allow_non_tensor=allow_non_tensor,
-                          skip_fusion=skip_fusion)
-    result = PassManager([planner, CutRegions()], ctx)(flat_module).of(SplitPassResult)
+    split_pass = SplitPass(op_support, context=context,
+                           min_acc_module_size=min_acc_module_size,
+                           max_acc_splits=max_acc_splits, allow_non_tensor=allow_non_tensor,
+                           skip_fusion=skip_fusion)
+    result = split_pass(flat_module, ctx)  # PlanRegions, then CutRegions, by a PassManager
     assert result.plan is not None
     forbidden = _forbidden_ops(op_support, result.plan, flat_module, context)
     limits = AccLimits(forbidden, op_support.entries)

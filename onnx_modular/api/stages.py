@@ -33,8 +33,6 @@ from onnx_modular.lower.markers import without_markers
 from onnx_modular.lower.translate import check_opset
 from onnx_modular.passes import stages as stage_pass
 from onnx_modular.passes.balance import StagePlan, balanced_plan
-from onnx_modular.passes.infra import PassManager
-from onnx_modular.passes.split import CutRegions, SplitPassResult
 from onnx_modular.passes.stages import Stage
 
 __all__ = ["Stage", "StagesResult", "plan_stages", "split_by", "split_stages"]
@@ -71,7 +69,7 @@ def plan_stages(model: Model, args: ExampleArgs | None = None, *,
                 ctx: DiagnosticContext | None = None) -> StagePlan:
     """The balanced plan alone (capture only, no translation): which modules go to which
     stage and the weight bytes of each; ``print(plan)`` shows it. See :func:`split_stages`."""
-    ctx = ctx or DiagnosticContext()
+    assert ctx is not None  # made by @records_failures when the caller gives none
     program = _capture(model, args, kwargs, ctx, "plan_stages", weights,
                        meta_ok=True)  # shapes suffice
     return balanced_plan(without_markers(program), num_stages, max_stage_bytes, ctx)
@@ -97,8 +95,8 @@ def split_stages(model: Model, args: ExampleArgs | None = None,
     stages within the budget. The plan is a diagnostic (``stage-plan``) and
     ``result.stage_plan``; a budget no cut can meet names the largest indivisible module.
     """
-    ctx = ctx or DiagnosticContext()
-    check_opset(opset, flat=False, ctx=ctx, what="a split model")
+    assert ctx is not None  # made by @records_failures when the caller gives none
+    check_opset(opset, flat=False, what="a split model")
     program = _capture(model, args, kwargs, ctx, "split_stages", weights)
     if num_stages is not None or max_stage_bytes is not None:
         if split_points:
@@ -109,12 +107,12 @@ def split_stages(model: Model, args: ExampleArgs | None = None,
                 "the model has om.pipe_split() markers; num_stages/max_stage_bytes cut by "
                 "themselves (remove the markers, or leave both out)"))
         plan = balanced_plan(program, num_stages, max_stage_bytes, ctx)
-        assignment = stage_pass.from_split_points(program, plan.cuts, ctx)
+        assignment = stage_pass.from_split_points(program, plan.cuts)
         assignment.how = plan.how
         return _cut(program, assignment, ctx, opset, hierarchical, plan)
     assignment = stage_pass.from_markers(program)
     if split_points:
-        points = stage_pass.from_split_points(program, split_points, ctx,
+        points = stage_pass.from_split_points(program, split_points,
                                               module_names=_module_names(model))
         assignment = points if assignment.count == 1 else stage_pass.combined(assignment, points)
     return _cut(program, assignment, ctx, opset, hierarchical)
@@ -132,11 +130,11 @@ def split_by(model_or_program: Model, callback: Callable[[torch.fx.Node], int],
     forward (first appearance breaking ties); partitions that depend on each other in a
     cycle are an error.
     """
-    ctx = ctx or DiagnosticContext()
-    check_opset(opset, flat=False, ctx=ctx, what="a split model")
+    assert ctx is not None  # made by @records_failures when the caller gives none
+    check_opset(opset, flat=False, what="a split model")
     program = without_markers(_capture(model_or_program, args, kwargs, ctx,
                                                   "split_by", weights))
-    assignment = stage_pass.from_callback(program, callback, ctx)
+    assignment = stage_pass.from_callback(program, callback)
     return _cut(program, assignment, ctx, opset, hierarchical)
 
 
@@ -147,8 +145,7 @@ def _cut(program: torch.export.ExportedProgram, assignment: stage_pass.StageAssi
     lowered = lower(program, opset=opset, ctx=ctx)
     carried = stage_pass.decomposed_assignment(assignment, lowered.program)
     flat_module = lowered.program.module()
-    passes = [stage_pass.PlanStages(carried), CutRegions()]
-    result = PassManager(passes, ctx)(flat_module).of(SplitPassResult)
+    result = stage_pass.StagesPass(carried)(flat_module, ctx)  # PlanStages, then CutRegions
     assert result.plan is not None
     return SplitResult(result.plan, result.graph_module, flat_module, lowered, ctx,
                        kind="stages", hierarchical=hierarchical, how=assignment.how,

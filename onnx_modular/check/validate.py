@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from onnx_modular import runtime
-from onnx_modular._checkpoint import Checkpoint, check_checkpoint, meta_tensor
+from onnx_modular._checkpoint import Checkpoint, check_weights
 from onnx_modular._util import gc_paused
 from onnx_modular.check.inputs import as_args, bind_inputs, leaves
 from onnx_modular.check.localize import ProbeInAdvance, ValidationRun
@@ -90,12 +90,7 @@ def validate(
                    f"got {type(model).__name__}")
     feeds = {} if loaded is None else bind_inputs(
         loaded.proto, leaves(reference, args, kwargs), f"ONNX model {loaded.label}")
-    if weights is not None:
-        check_checkpoint(model, weights)  # a mismatched checkpoint fails before any run
-    elif isinstance(model, torch.nn.Module) and (on_meta := meta_tensor(model)) is not None:
-        raise fail(f"'{on_meta}' of {type(model).__name__} is on the meta device (no data): "
-                   "pass its checkpoint as weights= (--weights on the command line)",
-                   rules.VALIDATION)
+    check_weights(model, weights, rules.VALIDATION)  # before any run
 
     inputs = Inputs(args, kwargs, feeds)
     with gc_paused():

@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     providers = common.providers(args.providers)
     ctx = DiagnosticContext()
     try:
-        check_opset(args.opset, flat=_functions(args) == "none", ctx=DiagnosticContext())
+        check_opset(args.opset, flat=_functions(args) == "none")
         model, inputs, kwargs = common.load_model_and_inputs(args)
         start = time.perf_counter()
         with common.step("Exporting (capture, translate, outline, optimize)"):

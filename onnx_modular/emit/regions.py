@@ -413,11 +413,11 @@ def emit_regions(model: ir.Model, regions: Sequence[PlannedRegion],
             emit_model(graph.model, chain, weights,
                        acc_options if graph.is_acc else options, ctx)
             if graph.is_acc:
-                check_acc_model(graph, limits, ctx)
+                check_acc_model(graph, limits)
     return graphs
 
 
-def check_acc_model(graph: RegionGraph, limits: AccLimits, ctx: DiagnosticContext) -> None:
+def check_acc_model(graph: RegionGraph, limits: AccLimits) -> None:
     """The final word on a denied op: the emitted acc model, function bodies included."""
     held = op_types_in(graph.model)
     for op in sorted(limits.forbidden_ops & set(held)):

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from onnx_modular._checkpoint import Checkpoint, bound_weights, check_checkpoint, meta_tensor
+from onnx_modular._checkpoint import Checkpoint, bound_weights, check_weights
 from onnx_modular._compat import quiet_libraries, tree_leaves
 from onnx_modular.diagnostics import DiagnosticContext, Location
 from onnx_modular.errors import fail, rules
@@ -31,14 +31,8 @@ def capture(model: Any, args: Any = (), kwargs: dict[str, Any] | None = None,
     the meta device needs no checkpoint.
     """
     ctx = ctx if ctx is not None else DiagnosticContext()
-    if weights is not None:
-        check_checkpoint(model, weights)  # one line naming the parameter, before any work
-    elif isinstance(model, torch.nn.Module) and not meta_ok:
-        on_meta = meta_tensor(model)
-        if on_meta is not None:
-            raise fail(rule=rules.UNSUPPORTED_INPUT, location=Location(module_path=""), reason=(
-                f"'{on_meta}' of {type(model).__name__} is on the meta device (no data): "
-                "pass its checkpoint as weights= (--weights on the command line)"))
+    if weights is not None or not meta_ok:  # one line naming the parameter, before any work
+        check_weights(model, weights, rules.UNSUPPORTED_INPUT, Location(module_path=""))
     if isinstance(model, torch.export.ExportedProgram):
         return model
     if not isinstance(model, torch.nn.Module):
@@ -57,7 +51,7 @@ def capture(model: Any, args: Any = (), kwargs: dict[str, Any] | None = None,
         raise fail(rule=rules.EXPORT_FAILED, location=failing_module(model, e), reason=(
             f"torch.export failed on {type(model).__name__}: {type(e).__name__}: {first}"
         )) from e
-    check_outputs(program, type(model).__name__, ctx)
+    check_outputs(program, type(model).__name__)
     _warn_empty_inputs(args, kwargs, ctx)
     return program
 
@@ -74,8 +68,7 @@ def _warn_empty_inputs(args: tuple[Any, ...], kwargs: dict[str, Any] | None,
                 "size-0 dimension, so the exported model takes only empty tensors there"))
 
 
-def check_outputs(program: torch.export.ExportedProgram, name: str,
-                  ctx: DiagnosticContext) -> None:
+def check_outputs(program: torch.export.ExportedProgram, name: str) -> None:
     """ONNX outputs are tensors: a forward that returns nothing, or a Python constant, would
     export into a model without outputs or fail deep inside torch.onnx."""
     from torch.export.graph_signature import ConstantArgument, OutputKind

@@ -34,8 +34,7 @@ MIN_HIERARCHICAL_OPSET = 18
 MIN_OPSET = 7
 
 
-def check_opset(opset: int | None, *, flat: bool, ctx: DiagnosticContext,
-                what: str = "a hierarchical model") -> None:
+def check_opset(opset: int | None, *, flat: bool, what: str = "a hierarchical model") -> None:
     """Before any work: an opset must be one the installed onnx defines; below 18 torch.onnx
     translates at 18 and converts down with onnx's C converter, which neither knows
     functions nor keeps the node metadata that outlining and splitting follow, so only a

@@ -727,6 +727,12 @@ def report_plan(plan: SplitPlan, ctx: DiagnosticContext,
         f"merging small acc regions, {len(plan.regions)} ({n_acc} acc, "
         f"{len(plan.regions) - n_acc} cpu) after"))
     for r in plan.regions:
-        ctx.note(rules.SPLIT_PREVIEW, reason=(
-            f"{r.name}: {len(r.node_names)} node(s), {len(r.inputs)} input(s) "
-            f"({r.input_bytes} bytes), {len(r.outputs)} output(s) ({r.output_bytes} bytes)"))
+        note_region(r, ctx)
+
+
+def note_region(region: Region, ctx: DiagnosticContext) -> None:
+    """One region's (or stage's) preview line: nodes, and the bytes crossing its border."""
+    ctx.note(rules.SPLIT_PREVIEW, reason=(
+        f"{region.name}: {len(region.node_names)} node(s), {len(region.inputs)} input(s) "
+        f"({region.input_bytes} bytes), {len(region.outputs)} output(s) "
+        f"({region.output_bytes} bytes)"))

@@ -32,6 +32,7 @@ from onnx_modular.passes.split import (
     SplitPlan,
     describe_regions,
     is_guard,
+    note_region,
     recorded_plan,
 )
 from onnx_modular.support.operator_support import CALLABLE_OPS
@@ -81,7 +82,6 @@ _WHERE = ("beginning", "end")
 
 def from_split_points(ep: torch.export.ExportedProgram,
                       split_points: Mapping[str, object] | Sequence[tuple[str, object]],
-                      ctx: DiagnosticContext | None = None,
                       module_names: set[str] | None = None) -> StageAssignment:
     """Cut before a module's first node ("beginning") or after its last node ("end").
 
@@ -90,7 +90,6 @@ def from_split_points(ep: torch.export.ExportedProgram,
     ``module_names`` (the model's ``named_modules()``) tells a typo from a module that never
     runs; without it, the modules seen in the graph are all that is known.
     """
-    ctx = ctx if ctx is not None else DiagnosticContext()
     nodes = _compute_nodes(ep.graph)
     known = module_names if module_names is not None else {
         p for n in nodes for p in _paths_of(n)}
@@ -125,10 +124,9 @@ def _hint(path: str, known: set[str]) -> str:
     return f" (did you mean '{near[0]}'?)" if near else ""
 
 
-def from_callback(ep: torch.export.ExportedProgram, callback: Callable[[torch.fx.Node], int],
-                  ctx: DiagnosticContext | None = None) -> StageAssignment:
+def from_callback(ep: torch.export.ExportedProgram, callback: Callable[[torch.fx.Node], int]
+                  ) -> StageAssignment:
     """``split_module`` semantics: any ids, stages ordered so data only flows forward."""
-    ctx = ctx if ctx is not None else DiagnosticContext()
     raw: dict[torch.fx.Node, int] = {}
     for node in _compute_nodes(ep.graph):
         try:
@@ -137,12 +135,12 @@ def from_callback(ep: torch.export.ExportedProgram, callback: Callable[[torch.fx
             raise fail(rule=rules.SPLIT_POINT, location=Location.of_node(node), reason=(
                 f"the split callback failed on node '{node.name}': {type(e).__name__}: {e}")
             ) from e
-    order = _partition_order(raw, ctx)
+    order = _partition_order(raw)
     rank = {pid: i for i, pid in enumerate(order)}
     return StageAssignment({n.name: rank[p] for n, p in raw.items()}, len(order), "callback")
 
 
-def _partition_order(raw: dict[torch.fx.Node, int], ctx: DiagnosticContext) -> list[int]:
+def _partition_order(raw: dict[torch.fx.Node, int]) -> list[int]:
     """Partitions in dependency order, first appearance breaking ties; a cycle is an error."""
     first_seen: dict[int, int] = {}
     deps: dict[int, set[int]] = {}
@@ -260,10 +258,7 @@ class PlanStages(PlanPass):
             Stage(**{**dataclasses.asdict(r), "name": f"{STAGE_PREFIX}{i}"})
             for i, r in enumerate(described)]
         for stage in stages:
-            ctx.note(rules.SPLIT_PREVIEW, reason=(
-                f"{stage.name}: {len(stage.node_names)} node(s), {len(stage.inputs)} "
-                f"input(s) ({stage.input_bytes} bytes), {len(stage.outputs)} output(s) "
-                f"({stage.output_bytes} bytes)"))
+            note_region(stage, ctx)
         return SplitPlan(stages, regions_before_merge=(len(stages), 0))
 
 

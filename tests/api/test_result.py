@@ -80,7 +80,7 @@ def test_preview_prints_the_table_of_its_kind(stages: om.StagesResult,
 def test_an_acc_model_holding_a_forbidden_op_is_refused(regions: om.SplitResult) -> None:
     acc = next(g for g in regions.region_graphs() if g.is_acc)
     held = next(iter(op_types_in(acc.model)))
-    check_acc_model(acc, AccLimits(), om.DiagnosticContext())  # nothing forbidden
+    check_acc_model(acc, AccLimits())  # nothing forbidden
     with pytest.raises(om.OnnxModularError, match=rules.DENIED_ON_ACC.id) as error:
-        check_acc_model(acc, AccLimits(frozenset({held})), om.DiagnosticContext())
+        check_acc_model(acc, AccLimits(frozenset({held})))
     assert f"holds {held[1]}" in str(error.value) and "bug" in str(error.value)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from onnx_modular.diagnostics import DiagnosticContext, OnnxModularError
+from onnx_modular.diagnostics import OnnxModularError
 from onnx_modular.lower.capture import capture
 from onnx_modular.lower.translate import (
     MIN_HIERARCHICAL_OPSET,
@@ -95,16 +95,16 @@ def test_an_untranslatable_op_is_one_line_naming_its_node() -> None:
 @pytest.mark.parametrize("opset", [None, MIN_HIERARCHICAL_OPSET,
                                    onnx.defs.onnx_opset_version()])
 def test_supported_opsets_pass(opset: int | None) -> None:
-    check_opset(opset, flat=False, ctx=DiagnosticContext())
+    check_opset(opset, flat=False)
 
 
 def test_below_18_only_a_flat_model_goes() -> None:
-    check_opset(MIN_HIERARCHICAL_OPSET - 1, flat=True, ctx=DiagnosticContext())
+    check_opset(MIN_HIERARCHICAL_OPSET - 1, flat=True)
     with pytest.raises(OnnxModularError, match=r"OM0104 .*opset 17 is below 18.*"
                                                r"functions='none'"):
-        check_opset(MIN_HIERARCHICAL_OPSET - 1, flat=False, ctx=DiagnosticContext())
+        check_opset(MIN_HIERARCHICAL_OPSET - 1, flat=False)
     with pytest.raises(OnnxModularError, match=r"use opset >= 18$") as caught:
-        check_opset(17, flat=False, ctx=DiagnosticContext(), what="a split")
+        check_opset(17, flat=False, what="a split")
     assert "functions='none'" not in str(caught.value)
 
 
@@ -113,7 +113,7 @@ def test_below_18_only_a_flat_model_goes() -> None:
 def test_an_opset_onnx_cannot_emit_is_refused(opset: object) -> None:
     with pytest.raises(OnnxModularError, match=r"OM0202 .*is not an ONNX opset this onnx "
                                                r"can emit"):
-        check_opset(opset, flat=True, ctx=DiagnosticContext())  # type: ignore[arg-type]
+        check_opset(opset, flat=True)  # type: ignore[arg-type]
 
 
 def test_generated_file_numbers_are_dropped_from_stack_traces() -> None:
