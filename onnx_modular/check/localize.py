@@ -48,30 +48,33 @@ class ProbeInAdvance:
 
     def _build(self) -> None:
         try:
-            self._probe = build_probe(self._loaded.proto, self._loaded.model_bytes())
+            self._probe = _build_probe(self._loaded)
         except Exception as exc:
             self._probe_error = exc
             return
         if self._probe.kind == "none":
             return
         try:
-            self._session = SessionRunner.open(self._loaded, self.provider,
-                                               self._probe.model_bytes,
-                                               self._loaded.session_config(), fuse=False)
+            self._session = _probe_session(self._loaded, self.provider, self._probe,
+                                           fuse=False)
         except BaseException as exc:
             self._error = exc
 
     def take(self, provider: str, fuse: bool) -> Ready | None:
         """(probe, session or None, why the probe could not be built) once built; None
-        when it was built for another provider."""
+        when it was built for another provider. The session is handed out once (its taker
+        closes it); one ``fuse`` does not want is closed here."""
         self._worker.join()
         if provider != self.provider:
             return None
         if self._error is not None:
             raise self._error
+        session, self._session = self._session, None
         if fuse and self._probe is not None and self._probe.kind != "none":
+            if session is not None:
+                session.close()
             return self._probe, None, None  # the probe stands; its session is made again
-        return self._probe, self._session, self._probe_error
+        return self._probe, session, self._probe_error
 
 
 @dataclasses.dataclass(eq=False)
@@ -101,9 +104,20 @@ def localize(run: ValidationRun) -> Localization:
         _, calls = run.reference.run_recording(run.inputs)
     with gc_paused():
         ready = run.advance.take(run.provider, fuse=run.fuse) if run.advance else None
+        run.advance = None  # taken: a later localization builds its own probe
         localization = _localize(run, calls, ready)
     run.calls = None  # the localization's evidence holds them now
     return localization
+
+
+def _build_probe(loaded: runtime.LoadedModel) -> Probe:
+    return build_probe(loaded.proto, loaded.model_bytes())
+
+
+def _probe_session(loaded: runtime.LoadedModel, provider: str, probe: Probe, fuse: bool
+                   ) -> SessionRunner:
+    return SessionRunner.open(loaded, provider, probe.model_bytes, loaded.session_config(),
+                              fuse=fuse)
 
 
 def _localize(run: ValidationRun, calls: list[TorchCall] | None, ready: Ready | None
@@ -114,7 +128,7 @@ def _localize(run: ValidationRun, calls: list[TorchCall] | None, ready: Ready | 
     probe, session, error = ready if ready is not None else (None, None, None)
     if probe is None and error is None:
         try:
-            probe = build_probe(run.loaded.proto, run.loaded.model_bytes())
+            probe = _build_probe(run.loaded)
         except Exception as exc:
             error = exc
     if probe is None:
@@ -125,8 +139,7 @@ def _localize(run: ValidationRun, calls: list[TorchCall] | None, ready: Ready | 
         return Localization("none", 0, [], None, probe.note or
                             "the ONNX model carries no module metadata to localize with")
     if session is None:
-        session = SessionRunner.open(run.loaded, run.provider, probe.model_bytes,
-                                     run.loaded.session_config(), fuse=run.fuse)
+        session = _probe_session(run.loaded, run.provider, probe, fuse=run.fuse)
     with session:
         values = session.run(run.inputs).values
         names = session.output_names

@@ -8,7 +8,7 @@ import torch
 from onnx import TensorProto, helper
 
 from onnx_modular import runtime
-from onnx_modular.check.localize import ValidationRun, localize
+from onnx_modular.check.localize import ProbeInAdvance, ValidationRun, localize
 from onnx_modular.check.runners import Inputs, TorchRunner
 from onnx_modular.check.validation_report import ValidationReport
 from onnx_modular.metadata import META_CALL, META_PATH, META_TYPE
@@ -84,3 +84,22 @@ def test_the_wrong_call_is_named_and_the_report_localizes_later() -> None:
     assert report.localization is not None and report.localization.evidence is None
     assert report.node_data()  # localizes again for the overlay
     assert report.to_dict()["localization"]["first_mismatch"] == "head"
+
+
+def test_a_probe_built_in_advance_is_taken_once_and_later_localizations_build_their_own(
+        ) -> None:
+    """validate(localize=True) on a passing model, release(), then node_data(): the second
+    localization must not run the first one's closed probe session."""
+    run = _run(hierarchical())
+    run.advance = ProbeInAdvance(run.loaded, run.provider)
+    report = ValidationReport(run.loaded.label, [], 0.0, run=run)
+    assert report.relocalize().first is None and run.advance is None
+    report.release()
+    assert report.node_data()  # localizes again, on a probe session of its own
+
+
+def test_a_fused_localization_closes_the_unfused_session_built_in_advance() -> None:
+    advance = ProbeInAdvance(runtime.load_model(hierarchical()), "CPUExecutionProvider")
+    probe, session, error = advance.take("CPUExecutionProvider", fuse=True)
+    assert probe is not None and session is None and error is None
+    assert advance._session is None  # not kept alive beside the fused one
