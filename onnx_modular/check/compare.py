@@ -124,7 +124,7 @@ def compare(a: runtime.OnnxModelSource, b: runtime.OnnxModelSource, inputs: Any 
         if inputs is None and not kwargs:
             given = _random_feeds(la, ma, lb, mb, drawn)
         else:
-            given = bind_feeds(la.proto, inputs, lb.proto, kwargs)
+            given = bind_feeds(la.proto, inputs, kwargs)
         del ma, mb
         values = []
         for which, loaded, facts in (("a", la, fa), ("b", lb, fb)):

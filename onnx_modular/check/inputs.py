@@ -125,15 +125,12 @@ def bind_inputs(proto: onnx.ModelProto, given: list[Leaf],
 # ---- given or random inputs for ONNX models ------------------------------------------------------
 
 def feeds(model: onnx.ModelProto, inputs: Any,
-          other: onnx.ModelProto | None = None,
           kwargs: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
     """Feeds for ``model``'s declared inputs: ``inputs`` (a sequence in input order or a
     mapping by name; numpy arrays or torch tensors) and ``kwargs`` (keyword inputs: by name
-    where an input has that name, else in order after the positional ones), or random ones
-    fitting ``other`` too when neither is given."""
+    where an input has that name, else in order after the positional ones); with neither,
+    see :func:`random_inputs`."""
     names = [i.name for i in declared_inputs(model)]
-    if inputs is None and not kwargs:
-        return random_inputs(model, other=other)
     if isinstance(inputs, Mapping):
         if kwargs:
             inputs, kwargs = (), {**inputs, **kwargs}

@@ -8,7 +8,7 @@ from typing import Any
 
 from onnx_modular import runtime
 from onnx_modular.check.outcome import ProviderResult
-from onnx_modular.check.report import Report, fmt_err, fmt_tol, md_table
+from onnx_modular.check.report import OUTPUT_HEAD, Report, fmt_err, md_table, output_rows
 
 __all__ = ["IOReport"]
 
@@ -38,21 +38,14 @@ class IOReport(Report):
                 "providers": {r.provider: r.to_dict() for r in self.results},
                 "not_compared": list(self.not_compared)}
 
-    _HEAD = ["EP", "output", "shape", "dtype", "abs err", "rel err", "rtol/atol", "status",
-             "note"]
-
     def _rows(self) -> list[list[str]]:
         """One row per output; the note (NaN/inf not matched, complex...) only when one
         output has one."""
-        rows = [[runtime.short_provider(r.provider), o.name,
-                 "x".join(map(str, o.shape)) or "()", o.dtype, fmt_err(o.diff.max_abs),
-                 fmt_err(o.diff.max_rel), f"{fmt_tol(o.rtol)}/{fmt_tol(o.atol)}",
-                 "ok" if o.ok else "FAIL", o.diff.note]
-                for r in self.results for o in r.outputs]
+        rows = output_rows(self.results)
         return rows if any(row[-1] for row in rows) else [row[:-1] for row in rows]
 
     def _head(self, rows: list[list[str]]) -> list[str]:
-        return self._HEAD[:len(rows[0])] if rows else self._HEAD[:-1]
+        return OUTPUT_HEAD[:len(rows[0])] if rows else OUTPUT_HEAD[:-1]
 
     def summary(self) -> str:
         where = ", ".join(runtime.short_provider(r.provider) for r in self.results)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from onnx_modular._io import atomic_write_text
+from onnx_modular.check.outcome import ProviderResult
 from onnx_modular.errors import fail
+from onnx_modular.runtime import short_provider
 
 
 def md_table(head: list[str], rows: list[list[str]]) -> list[str]:
@@ -25,6 +28,19 @@ def fmt_err(x: float) -> str:
 def fmt_tol(x: float) -> str:
     """``1e-4`` rather than ``0.0001``; an exact check reads ``0``."""
     return "0" if x == 0 else f"{x:.1e}".replace(".0e", "e").replace("e-0", "e-")
+
+
+#: The columns of an output table (validate, compare-io): one row per provider and output.
+OUTPUT_HEAD = ["EP", "output", "shape", "dtype", "abs err", "rel err", "rtol/atol", "status",
+               "note"]
+
+
+def output_rows(results: Sequence[ProviderResult]) -> list[list[str]]:
+    """One row per provider and output, under :data:`OUTPUT_HEAD`."""
+    return [[short_provider(r.provider), o.name, "x".join(map(str, o.shape)) or "()", o.dtype,
+             fmt_err(o.diff.max_abs), fmt_err(o.diff.max_rel),
+             f"{fmt_tol(o.rtol)}/{fmt_tol(o.atol)}", "ok" if o.ok else "FAIL", o.diff.note]
+            for r in results for o in r.outputs]
 
 
 class _NullIO:

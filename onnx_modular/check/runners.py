@@ -10,10 +10,11 @@ models (:class:`~onnx_modular.parts.runner.SplitRunner`). ``validate``, ``compar
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, Protocol, TypeAlias
+from typing import Any, Protocol, TypeAlias, TypeVar
 
 import numpy as np
 import torch
@@ -128,9 +129,26 @@ class TorchRunner:
         return [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)], calls
 
 
-class SessionRunner:
-    """One ONNX Runtime session, named after its provider; as a context manager it lets the
-    session go on exit, so one model's weights leave before the next session's come.
+_Closing = TypeVar("_Closing", bound="_ClosedOnExit")
+
+
+class _ClosedOnExit:
+    """As a context manager, the runner lets its sessions go on exit, so one model's
+    weights leave before the next session's come."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _Closing) -> _Closing:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self.close()
+
+
+class SessionRunner(_ClosedOnExit):
+    """One ONNX Runtime session, named after its provider; closed on leaving a ``with``.
 
     ``output_names``: the outputs to fetch (None: all of them, in the model's order).
     """
@@ -171,21 +189,33 @@ class SessionRunner:
     def close(self) -> None:
         self.session = None
 
-    def __enter__(self) -> SessionRunner:
-        return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 trace: TracebackType | None) -> None:
-        self.close()
-
-
-class PartsRunner:
+class PartsRunner(_ClosedOnExit):
     """Part models chained by a :class:`SplitRunner` (split regions or pipeline stages),
     read by position as the torch model's inputs; outputs come back flat."""
 
-    def __init__(self, parts: SplitRunner, name: str = "parts") -> None:
+    def __init__(self, parts: SplitRunner, name: str = "parts", session_s: float = 0.0
+                 ) -> None:
         self.parts = parts
         self.name = name
+        self.session_s = session_s  # how long making the parts' sessions took
+
+    @classmethod
+    def open(cls, directory: str | os.PathLike[str], provider: str) -> PartsRunner:
+        """The parts of ``directory``, accelerator parts on ``provider`` (CPU regions on
+        the CPU), every session made now: a provider that cannot start fails here."""
+        parts = SplitRunner(directory, acc_providers=provider)
+        start = time.perf_counter()
+        parts.open_sessions()
+        return cls(parts, provider, time.perf_counter() - start)
+
+    @property
+    def output_names(self) -> list[str]:
+        """The names of what :meth:`run` returns, in order (the manifest's outputs)."""
+        return [o["name"] for o in self.parts.manifest["outputs"]]
+
+    def close(self) -> None:
+        self.parts.close()
 
     def run(self, inputs: Inputs) -> Outputs:
         start = time.perf_counter()

@@ -14,8 +14,7 @@ bound in :mod:`~onnx_modular.check.inputs`, values judged in
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from onnx_modular._util import gc_paused
 from onnx_modular.check.inputs import as_args, bind_inputs, leaves
 from onnx_modular.check.localize import ProbeInAdvance, ValidationRun
 from onnx_modular.check.numerics import check_tolerances, check_value
+from onnx_modular.check.outcome import OutputCheck, ProviderResult
 from onnx_modular.check.runners import (
     Inputs,
     PartsRunner,
@@ -36,12 +36,11 @@ from onnx_modular.check.runners import (
     TorchRunner,
     snapshot,
 )
-from onnx_modular.check.validation_report import OutputCheck, ProviderResult, ValidationReport
+from onnx_modular.check.validation_report import ValidationReport
 from onnx_modular.errors import fail, rules
-from onnx_modular.parts.manifest import MANIFEST
-from onnx_modular.parts.runner import SplitRunner
+from onnx_modular.parts.manifest import MANIFEST, load_manifest
 
-__all__ = ["OutputCheck", "ProviderResult", "ValidationReport", "validate"]
+__all__ = ["ValidationReport", "parts_directory", "validate"]
 
 
 def validate(
@@ -122,25 +121,11 @@ def _validate_parts(reference: TorchRunner, inputs: Inputs, directory: Path,
         raise fail(f"'{directory}' is a parts directory: localization needs one ONNX model; "
                    "validate a part's model, or the unsplit export, to localize",
                    rules.VALIDATION)
-    names = [o["name"] for o in SplitRunner(directory).manifest["outputs"]]
+    names = [o["name"] for o in load_manifest(directory)["outputs"]]
     expected = reference.run(inputs)
     _check_pairing(expected.values, len(names), str(directory))
-    results = []
-    for provider in chosen:
-        parts = SplitRunner(directory, acc_providers=provider)
-        try:
-            start = time.perf_counter()
-            parts.open_sessions()
-            session_s = time.perf_counter() - start
-        except runtime.ProviderUnavailableError as exc:
-            if not defaulted:
-                raise
-            skipped[provider] = exc.diagnostic.message
-            continue
-        actual = PartsRunner(parts, runtime.short_provider(provider)).run(inputs)
-        checks = [_check(name, a, e, rtol, atol)
-                  for name, a, e in zip(names, actual.values, expected.values, strict=True)]
-        results.append(ProviderResult(provider, checks, session_s, actual.seconds))
+    results = _provider_results(lambda provider: PartsRunner.open(directory, provider), names,
+                                chosen, inputs, expected.values, rtol, atol, defaulted, skipped)
     return ValidationReport(str(directory), results, expected.seconds, skipped=skipped)
 
 
@@ -155,8 +140,9 @@ def _validate(reference: TorchRunner, inputs: Inputs, loaded: runtime.LoadedMode
     advance = ProbeInAdvance(loaded, chosen[-1]) \
         if localize is True and chosen and not loaded.large else None
     _check_pairing(expected.values, len(loaded.proto.graph.output), f"ONNX model {loaded.label}")
-    results = _provider_results(loaded, source, chosen, inputs, expected.values, rtol, atol,
-                                defaulted, skipped)
+    results = _provider_results(lambda provider: SessionRunner.open(loaded, provider, source),
+                                [o.name for o in loaded.proto.graph.output], chosen, inputs,
+                                expected.values, rtol, atol, defaulted, skipped)
     report = ValidationReport(loaded.label, results, expected.seconds, skipped=skipped)
     failing = [r.provider for r in results if not r.ok]
     provider = failing[0] if failing else results[-1].provider if results else None
@@ -181,17 +167,16 @@ def _check_pairing(expected: list[torch.Tensor], outputs: int, label: str) -> No
                    rules.VALIDATION)
 
 
-def _provider_results(loaded: runtime.LoadedModel, source: str | bytes, chosen: list[str],
-                      inputs: Inputs, expected: list[torch.Tensor], rtol: float | None,
-                      atol: float | None, defaulted: bool, skipped: dict[str, str]
-                      ) -> list[ProviderResult]:
-    """Every output on each provider, one session at a time; a default provider that
-    cannot start is noted in ``skipped``."""
-    output_names = [o.name for o in loaded.proto.graph.output]
+def _provider_results(open_runner: Callable[[str], SessionRunner | PartsRunner],
+                      output_names: list[str], chosen: list[str], inputs: Inputs,
+                      expected: list[torch.Tensor], rtol: float | None, atol: float | None,
+                      defaulted: bool, skipped: dict[str, str]) -> list[ProviderResult]:
+    """Every output on each provider, one runner (its sessions made by ``open_runner``) at
+    a time; a default provider that cannot start is noted in ``skipped``."""
     results = []
     for provider in chosen:
         try:
-            session = SessionRunner.open(loaded, provider, source)
+            session = open_runner(provider)
         except runtime.ProviderUnavailableError as exc:
             # onnxruntime-gpu lists CUDA even where no GPU or driver is present: a default
             # CUDA check that cannot start is skipped with its reason; CPU still runs

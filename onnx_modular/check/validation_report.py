@@ -20,13 +20,13 @@ from onnx_modular.check.call_stats import HIST_LABELS, CallError
 from onnx_modular.check.extract import Extraction, extract
 from onnx_modular.check.judge import Localization
 from onnx_modular.check.localize import ValidationRun, localize
-from onnx_modular.check.outcome import OutputCheck, ProviderResult
+from onnx_modular.check.outcome import ProviderResult
 from onnx_modular.check.overlay import node_data
-from onnx_modular.check.report import Report, fmt_err, fmt_tol, md_table
+from onnx_modular.check.report import OUTPUT_HEAD, Report, fmt_err, md_table, output_rows
 from onnx_modular.errors import fail
 from onnx_modular.runtime import LoadedModel, short_provider
 
-__all__ = ["OutputCheck", "ProviderResult", "ValidationReport"]
+__all__ = ["ValidationReport", "sparkline"]
 
 
 @dataclasses.dataclass
@@ -135,17 +135,8 @@ class ValidationReport(Report):
     # -- rendering --------------------------------------------------------------------------
 
     def _rows(self) -> list[list[str]]:
-        rows = []
-        for r in self.results:
-            for o in r.outputs:
-                rows.append([
-                    short_provider(r.provider), o.name, "x".join(map(str, o.shape)) or "()",
-                    o.dtype, fmt_err(o.diff.max_abs), fmt_err(o.diff.max_rel),
-                    f"{fmt_tol(o.rtol)}/{fmt_tol(o.atol)}", "ok" if o.ok else "FAIL", o.diff.note])
-        return rows
+        return output_rows(self.results)
 
-    _HEAD = ["EP", "output", "shape", "dtype", "abs err", "rel err", "rtol/atol", "status",
-             "note"]
     _LOC_HEAD = ["#", "module call", "type", "first diverging value", "max abs err",
                  "max rel err", "mismatched", "inputs"]
 
@@ -185,7 +176,7 @@ class ValidationReport(Report):
         show_note = any(row[-1] for row in rows)
         table = Table(title="ONNX Runtime vs torch eager", title_justify="left",
                       caption=self._timings(), caption_justify="left")
-        for h in self._HEAD if show_note else self._HEAD[:-1]:
+        for h in OUTPUT_HEAD if show_note else OUTPUT_HEAD[:-1]:
             table.add_column(h, justify="right" if "err" in h else "left",
                              no_wrap=h in ("EP", "status", "rtol/atol"))
         for row in rows:
@@ -254,7 +245,7 @@ class ValidationReport(Report):
 
     def to_markdown(self) -> str:
         lines = [f"# Validation of {self.model}", "", f"**{self.summary()}**", ""]
-        lines += [*md_table(self._HEAD, self._rows()), "", f"Timings: {self._timings()}"]
+        lines += [*md_table(OUTPUT_HEAD, self._rows()), "", f"Timings: {self._timings()}"]
         if self.skipped:
             lines += ["", f"Not checked: {self._skipped_line()}"]
         if self.localization is not None:

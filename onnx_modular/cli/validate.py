@@ -15,7 +15,7 @@ from onnx_modular.check.extract import check_directory
 from onnx_modular.check.validate import parts_directory, validate
 from onnx_modular.cli import common, paths
 from onnx_modular.errors import fail, rules
-from onnx_modular.parts.runner import SplitRunner
+from onnx_modular.parts.manifest import load_manifest
 from onnx_modular.runtime import load_model
 
 
@@ -55,7 +55,9 @@ def run(args: argparse.Namespace) -> int:
     _check_repro_flags(args, parts is not None)
     providers = common.providers(args.providers)
     # a corrupt file (or manifest) fails here, before the model is built
-    loaded = load_model(args.onnx) if parts is None else SplitRunner(parts).directory
+    if parts is not None:
+        load_manifest(parts)
+    loaded = load_model(args.onnx) if parts is None else parts
     model, inputs, kwargs = common.load_model_and_inputs(args)
     with common.step("Validating against ONNX Runtime"):
         rep = validate(model, inputs, loaded, kwargs=kwargs,

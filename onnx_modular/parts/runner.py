@@ -73,6 +73,11 @@ class SplitRunner:
     def providers_of(self, part: dict[str, Any]) -> list[str]:
         return self.cpu_providers if part.get("kind") == "cpu" else self.acc_providers
 
+    def close(self) -> None:
+        """Let every part's session go (a later run makes them again)."""
+        with self._lock:
+            self._sessions.clear()
+
     def open_sessions(self) -> None:
         """Make every part's session now (a missing file or provider fails here, before a
         run; a check times session creation apart from the run)."""
