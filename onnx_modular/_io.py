@@ -301,7 +301,7 @@ def save_model(model: ir.Model, path: str | os.PathLike[str], *,
                 with contextlib.suppress(OSError):
                     (directory / data_name).unlink()
                 raise
-            _remove_unnamed_data(directory, target, data_name)
+            _remove_unnamed_data(directory, target, data_name, {data_name} if apart else set())
     except OSError as e:
         raise _os_error(target, e) from e
     finally:
@@ -311,9 +311,11 @@ def save_model(model: ir.Model, path: str | os.PathLike[str], *,
             staging.rmdir()
 
 
-def _remove_unnamed_data(directory: Path, target: Path, ours: str) -> None:
+def _remove_unnamed_data(directory: Path, target: Path, ours: str,
+                         named: set[str] | None = None) -> None:
     """Data files of ``target`` (``<name>.<id>.data``) that the model now in place does not
-    name: the previous save's, and those of writers that lost a race or were killed."""
+    name (``named``, when the caller knows it; else read from the model): the previous
+    save's, and those of writers that lost a race or were killed."""
     pattern = re.compile(rf"^{re.escape(target.name)}\.[0-9a-f]{{8}}\.data$")
     try:
         found = [e.path for e in os.scandir(directory)
@@ -322,7 +324,8 @@ def _remove_unnamed_data(directory: Path, target: Path, ours: str) -> None:
         return
     if not found:
         return  # the model is not read (a large one inline takes a while)
-    named = external_data_files(target)
+    if named is None:
+        named = external_data_files(target)
     for path in found:
         if os.path.basename(path) not in named:
             with contextlib.suppress(OSError):

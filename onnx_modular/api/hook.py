@@ -157,8 +157,7 @@ def _emit(onnx_program: torch.onnx.ONNXProgram, session: HookSession,
     """The hook's emit pipeline on torch.onnx's unoptimized model; its findings kept."""
     options = EmitOptions(session.options.functions, session.options.dedupe, optimize)
     ctx = DiagnosticContext()  # one per export: its diagnostics are the record's
-    with ctx.recording_failures():
-        options.selection()  # a bad selection fails before modularizing
+    with ctx.recording_failures():  # (the selection was checked as the hook opened)
         lowered = lower_onnx_program(onnx_program, ctx, with_calls=needs_calls(options))
         emit_whole(lowered, options, ctx)
     functions = tuple(sorted({f.name for f in onnx_program.model.functions.values()}))

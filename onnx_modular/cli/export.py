@@ -71,11 +71,9 @@ def run(args: argparse.Namespace) -> int:
                             weights=args.weights, ctx=ctx)
     except OnnxModularError as e:
         if args.sarif:  # CI reads the failure and its file:line from the log
-            found = list(ctx.diagnostics)
-            if not any(d is e.diagnostic for d in found):
-                found.append(e.diagnostic)
+            ctx.record_failure(e)  # (those before the export, and the export's own, once)
             with contextlib.suppress(OnnxModularError):
-                write_sarif(found, args.sarif)
+                write_sarif(ctx.diagnostics, args.sarif)
         raise
     with common.step(f"Writing {args.output}"):
         result.save(args.output)

@@ -4,14 +4,12 @@ client (:class:`~onnx_modular.parts.triton_runner.TritonRunner`), on inputs from
 from __future__ import annotations
 
 import argparse
-import io
 from typing import Any
 
-import numpy as np
 from rich.markup import escape
 
 from onnx_modular._io import atomic_write_bytes
-from onnx_modular.check.compare_io import load_npz
+from onnx_modular.check.compare_io import load_npz, npz_bytes
 from onnx_modular.cli import common
 from onnx_modular.errors import fail, rules
 from onnx_modular.parts.triton_runner import TritonRunner
@@ -68,7 +66,5 @@ def run(args: argparse.Namespace) -> int:
     for name, value in outputs.items():
         common.out.print(f"{escape(name)}: {value.dtype} {list(value.shape)}", highlight=False)
     if args.output:
-        buffer = io.BytesIO()
-        np.savez(buffer, **outputs)  # type: ignore[arg-type]
-        atomic_write_bytes(args.output, buffer.getvalue())
+        atomic_write_bytes(args.output, npz_bytes(outputs))
     return common.EXIT_OK

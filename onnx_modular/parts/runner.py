@@ -67,6 +67,7 @@ class SplitRunner:
         self.cpu_providers = (["CPUExecutionProvider"] if cpu_providers is None
                               else runtime.resolve_providers(cpu_providers))
         self._sessions: dict[str, Any] = {}
+        self._specs: dict[str, Any] = {}  # parsed pytree specs of the manifest
         self._lock = threading.Lock()  # threads share one runner: one session per part
         self._set_id = self.manifest.get("set_id")
 
@@ -132,24 +133,30 @@ class SplitRunner:
                        f"({', '.join(d['name'] for d in declared)}), got {len(arrays)}")
         return arrays
 
+    def _spec(self, key: str) -> Any:
+        """The manifest's pytree spec ``key`` (``in_spec``/``out_spec``), parsed on first
+        use; None when absent or unreadable by this torch (then flat inputs/outputs)."""
+        if key not in self._specs:
+            try:
+                text = self.manifest.get(key)
+                self._specs[key] = _compat.treespec_loads(text) if text else None
+            except Exception:
+                self._specs[key] = None
+        return self._specs[key]
+
     def _ordered_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        if not kwargs or not self.manifest.get("in_spec"):
-            return kwargs
-        try:
-            spec = _compat.treespec_loads(self.manifest["in_spec"])
-        except Exception:  # a spec pytree cannot read: keep the caller's order
-            return kwargs
-        return ordered_kwargs(kwargs, spec)
+        spec = self._spec("in_spec") if kwargs else None
+        return kwargs if spec is None else ordered_kwargs(kwargs, spec)
 
     def _structure(self, flat: list[Any], as_torch: bool) -> Any:
         if as_torch:  # (np.ascontiguousarray would make a 0-d output 1-d)
             flat = [torch.from_numpy(x if x.flags.c_contiguous else np.ascontiguousarray(x))
                     for x in flat]
-        spec_text = self.manifest.get("out_spec")
-        if spec_text:
+        spec = self._spec("out_spec")
+        if spec is not None:
             try:
-                return _compat.tree_unflatten(flat, _compat.treespec_loads(spec_text))
-            except Exception:  # a spec pytree cannot read: the flat outputs
+                return _compat.tree_unflatten(flat, spec)
+            except Exception:  # outputs the spec does not fit: the flat outputs
                 pass
         return flat[0] if len(flat) == 1 else tuple(flat)
 

@@ -26,7 +26,6 @@ then swapped in with the ensemble out of the repository meanwhile (see
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import importlib
@@ -37,13 +36,11 @@ import os
 import re
 import secrets
 import shutil
-import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from onnx_modular._io import TWO_GB, atomic_write_text, pid_alive, save_model
-from onnx_modular.diagnostics import OnnxModularError
+from onnx_modular._io import TWO_GB, atomic_write_text, keep_mode, pid_alive, save_model
 from onnx_modular.errors import fail
 from onnx_modular.metadata import PARTS_SET_ID
 from onnx_modular.parts.batching import batched_parts, plan_batching, plan_scalars
@@ -72,10 +69,6 @@ TRITON_TYPES = {
 }
 
 
-def _fail(reason: str) -> OnnxModularError:
-    return fail(reason)
-
-
 @functools.cache
 def model_config_pb2() -> Any:
     """tritonclient's ``model_config_pb2`` (Triton's ModelConfig protobuf), imported lazily.
@@ -88,8 +81,8 @@ def model_config_pb2() -> Any:
     except ModuleNotFoundError as e:
         if not (e.name or "").startswith("tritonclient"):
             raise
-        raise _fail("writing a Triton repository needs tritonclient's protobuf definitions: "
-                    "pip install tritonclient") from e
+        raise fail("writing a Triton repository needs tritonclient's protobuf definitions: "
+                   "pip install tritonclient") from e
     except RuntimeError:  # "The installation does not include grpc support"
         spec = importlib.util.find_spec("tritonclient")
         assert spec is not None and spec.submodule_search_locations
@@ -97,8 +90,8 @@ def model_config_pb2() -> Any:
             "model_config_pb2.py"
         file_spec = importlib.util.spec_from_file_location("_om_triton_model_config_pb2", path)
         if file_spec is None or file_spec.loader is None or not path.is_file():
-            raise _fail(f"tritonclient is installed without {path.name}; reinstall "
-                        "tritonclient") from None
+            raise fail(f"tritonclient is installed without {path.name}; reinstall "
+                       "tritonclient") from None
         module = importlib.util.module_from_spec(file_spec)
         file_spec.loader.exec_module(module)
         return module
@@ -118,6 +111,12 @@ def read_config(directory: Path) -> Any | None:
         return parse_config((directory / CONFIG).read_text(encoding="utf-8"))
     except Exception:
         return None
+
+
+def part_model_name(ensemble: str, part: str) -> str:
+    """The Triton model of one part of ``ensemble`` (``model`` + ``_run_on_acc_0`` ->
+    ``model_run_on_acc_0``)."""
+    return f"{ensemble}_{part.lstrip('_')}"
 
 
 def config_parameter(config: Any, key: str) -> str | None:
@@ -147,7 +146,7 @@ def load_repository(repo: str | os.PathLike[str], name: str | None = None
     ensemble there), read back from its configs."""
     path = Path(repo)
     if not path.is_dir():
-        raise _fail(f"'{repo}' is not a Triton model repository (no such directory)")
+        raise fail(f"'{repo}' is not a Triton model repository (no such directory)")
     _recover(path)
     ensembles = {}
     for entry in sorted(path.iterdir()):
@@ -156,11 +155,11 @@ def load_repository(repo: str | os.PathLike[str], name: str | None = None
                 config_parameter(config, SET_ID_KEY) is not None:
             ensembles[entry.name] = config
     if name is None and len(ensembles) != 1:
-        raise _fail(f"'{repo}' holds {len(ensembles)} ensembles written by onnx_modular "
-                    f"({', '.join(ensembles) or 'none'}); name one")
+        raise fail(f"'{repo}' holds {len(ensembles)} ensembles written by onnx_modular "
+                   f"({', '.join(ensembles) or 'none'}); name one")
     name = name if name is not None else next(iter(ensembles))
     if name not in ensembles:
-        raise _fail(f"'{repo}' holds no ensemble '{name}' written by onnx_modular")
+        raise fail(f"'{repo}' holds no ensemble '{name}' written by onnx_modular")
     config = ensembles[name]
     steps = [s.model_name for s in config.ensemble_scheduling.step]
     versions = {s.model_version for s in config.ensemble_scheduling.step}
@@ -174,8 +173,8 @@ def load_repository(repo: str | os.PathLike[str], name: str | None = None
 def _dims(value: Any, part: str, batched: bool) -> list[int]:
     shape = shape_of(value)
     if shape is None:
-        raise _fail(f"Triton needs the rank of every tensor: '{value.name}' of part '{part}' "
-                    "has no known shape")
+        raise fail(f"Triton needs the rank of every tensor: '{value.name}' of part '{part}' "
+                   "has no known shape")
     dims = [d if isinstance(d, int) and d >= 0 else -1 for d in shape]
     return dims[1:] if batched else dims
 
@@ -185,8 +184,8 @@ def _data_type(value: Any, part: str) -> int:
     name = dtype_name(value)
     triton = TRITON_TYPES.get(name or "")
     if triton is None:
-        raise _fail(f"'{value.name}' of part '{part}' has type {name}, which Triton's "
-                    "onnxruntime backend does not take")
+        raise fail(f"'{value.name}' of part '{part}' has type {name}, which Triton's "
+                   "onnxruntime backend does not take")
     return int(pb.DataType.Value(triton))
 
 
@@ -263,8 +262,8 @@ def ensemble_config(name: str, model_graph: Any, steps: Sequence[tuple[str, Any]
     for v in model_graph.outputs:
         if v.name not in produced:
             why = "is a model input returned as is" if v.name in inputs else "no part makes it"
-            raise _fail(f"model output '{v.name}' {why}: a Triton ensemble can only return "
-                        "what a step produces")
+            raise fail(f"model output '{v.name}' {why}: a Triton ensemble can only return "
+                       "what a step produces")
         _tensor(config.output.add(), v, name, batched)
     _set_parameters(config, set_id, None)
     return config
@@ -279,8 +278,8 @@ def _is_int(value: Any) -> bool:
 def check_name(name: Any) -> str:
     """A model name Triton and every file system take: one plain path component."""
     if not isinstance(name, str) or not _NAME.fullmatch(name) or len(name) > _NAME_MAX:
-        raise _fail(f"name={name!r} is not a Triton model name: letters, digits, '_', '-' "
-                    f"and '.' (not first), at most {_NAME_MAX} characters")
+        raise fail(f"name={name!r} is not a Triton model name: letters, digits, '_', '-' "
+                   f"and '.' (not first), at most {_NAME_MAX} characters")
     return name
 
 
@@ -289,17 +288,17 @@ def check_kind(kind: Any) -> str | None:
         return None
     text = kind.lower().removeprefix("kind_") if isinstance(kind, str) else None
     if text not in KINDS:
-        raise _fail(f"kind={kind!r}: expected one of auto, gpu, cpu (KIND_AUTO, KIND_GPU, "
-                    "KIND_CPU)")
+        raise fail(f"kind={kind!r}: expected one of auto, gpu, cpu (KIND_AUTO, KIND_GPU, "
+                   "KIND_CPU)")
     return text
 
 
 def _gpu_ids(value: Any, where: str) -> list[int]:
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        raise _fail(f"{where} must be a list of GPU ids (ints >= 0), got {value!r}")
+        raise fail(f"{where} must be a list of GPU ids (ints >= 0), got {value!r}")
     for gpu in value:
         if not _is_int(gpu) or not 0 <= gpu <= _INT32:
-            raise _fail(f"{where}: GPU id {gpu!r} is not an int >= 0")
+            raise fail(f"{where}: GPU id {gpu!r} is not an int >= 0")
     return list(value)
 
 
@@ -311,44 +310,44 @@ def check_arguments(*, name: Any, instances: Any, gpus: Any, kind: Any, max_batc
     (normalized) and the GPU ids, or one line saying what is wrong."""
     check_name(name)
     if not _is_int(instances) or not 1 <= instances <= MAX_INSTANCES:
-        raise _fail(f"instances={instances!r}: expected an int from 1 to {MAX_INSTANCES}")
+        raise fail(f"instances={instances!r}: expected an int from 1 to {MAX_INSTANCES}")
     if max_batch_size is not None and (not _is_int(max_batch_size)
                                        or not 0 <= max_batch_size <= _INT32):
-        raise _fail(f"max_batch_size={max_batch_size!r}: expected None (batch where the parts "
-                    "allow) or an int >= 0")
+        raise fail(f"max_batch_size={max_batch_size!r}: expected None (batch where the parts "
+                   "allow) or an int >= 0")
     if not _is_int(max_queue_delay_us) or not 0 <= max_queue_delay_us < 2**63:
-        raise _fail(f"max_queue_delay_us={max_queue_delay_us!r}: expected an int >= 0")
+        raise fail(f"max_queue_delay_us={max_queue_delay_us!r}: expected an int >= 0")
     if external_data is not None and not isinstance(external_data, bool):
-        raise _fail(f"external_data={external_data!r}: expected None, True or False")
+        raise fail(f"external_data={external_data!r}: expected None, True or False")
     chosen = check_kind(kind)
     ids: list[int] | dict[str, list[int]] | None = None
     if isinstance(gpus, Mapping):
         unknown = [k for k in gpus if k not in part_names]
         if unknown:
-            raise _fail(f"gpus names {unknown[0]!r}, which is no part ({', '.join(part_names)})")
+            raise fail(f"gpus names {unknown[0]!r}, which is no part ({', '.join(part_names)})")
         ids = {k: _gpu_ids(v, f"gpus[{k!r}]") for k, v in gpus.items()}
     elif gpus is not None:
         ids = _gpu_ids(gpus, "gpus") or None
     if ids and chosen in ("cpu", "auto"):
-        raise _fail(f"gpus={gpus!r} with kind={kind!r}: GPU ids need kind 'gpu' (Triton "
-                    "refuses KIND_AUTO or KIND_CPU instances that name GPUs)")
+        raise fail(f"gpus={gpus!r} with kind={kind!r}: GPU ids need kind 'gpu' (Triton "
+                   "refuses KIND_AUTO or KIND_CPU instances that name GPUs)")
     return chosen, ids
 
 
 def check_repository_path(repo: Any) -> Path:
     """The repository as a Path, or one line why it cannot be written."""
     if not isinstance(repo, (str, os.PathLike)) or not str(os.fspath(repo)):
-        raise _fail(f"cannot write a Triton repository to {repo!r}: give a directory")
+        raise fail(f"cannot write a Triton repository to {repo!r}: give a directory")
     out = Path(repo)
     if out.exists() and not out.is_dir():
-        raise _fail(f"cannot write a Triton repository to '{out}': it is a file")
+        raise fail(f"cannot write a Triton repository to '{out}': it is a file")
     parent = _parent(out)
     if not parent.is_dir():
-        raise _fail(f"cannot write a Triton repository to '{out}': directory '{parent}' "
-                    "does not exist")
+        raise fail(f"cannot write a Triton repository to '{out}': directory '{parent}' "
+                   "does not exist")
     if not os.access(parent, os.W_OK):
-        raise _fail(f"cannot write a Triton repository to '{out}': directory '{parent}' is "
-                    "not writable (the set is written beside the repository, then moved in)")
+        raise fail(f"cannot write a Triton repository to '{out}': directory '{parent}' is "
+                   "not writable (the set is written beside the repository, then moved in)")
     return out
 
 
@@ -389,8 +388,8 @@ def save_triton(repo: str | os.PathLike[str], model_graph: Any, parts: Sequence[
     if max_batch_size is None:
         max_batch_size = DEFAULT_MAX_BATCH_SIZE if plan.symbol else 0
     elif max_batch_size > 0 and plan.symbol is None:
-        raise _fail(f"max_batch_size={max_batch_size}: Triton batches along every tensor's "
-                    f"first dimension, but {plan.reason}")
+        raise fail(f"max_batch_size={max_batch_size}: Triton batches along every tensor's "
+                   f"first dimension, but {plan.reason}")
     if max_batch_size == 0:
         plan = plan_scalars(model_graph, live)
     with batched_parts(live, plan):
@@ -404,9 +403,9 @@ def _save(out: Path, model_graph: Any, live: Sequence[Any], *, name: str,
           kind: str | None, max_queue_delay_us: int, external_data: bool | None
           ) -> TritonRepository:
     threshold = TWO_GB if external_data is None else (0 if external_data else 2**62)
-    names = [f"{name}_{p.name.lstrip('_')}" for p in live]
+    names = [part_model_name(name, p.name) for p in live]
     if name in names or len(set(names)) != len(names):
-        raise _fail(f"model names in the repository collide: {name}, {', '.join(names)}")
+        raise fail(f"model names in the repository collide: {name}, {', '.join(names)}")
     steps = list(zip(names, live))
     if out.is_dir():
         _recover(out)
@@ -414,8 +413,8 @@ def _save(out: Path, model_graph: Any, live: Sequence[Any], *, name: str,
     old = _old_set(out, name)
     foreign = [m for m in [*names, name] if m not in old and (out / m).exists()]
     if foreign:
-        raise _fail(f"'{out / foreign[0]}' is a model onnx_modular did not write for the "
-                    f"ensemble '{name}'; it is left alone: save under another name")
+        raise fail(f"'{out / foreign[0]}' is a model onnx_modular did not write for the "
+                   f"ensemble '{name}'; it is left alone: save under another name")
     version = 1 + max((_versions(out / m) for m in old), default=0)
     set_id = secrets.token_hex(8)
     # the ensemble first: a model Triton could not wire must fail before anything is written
@@ -448,8 +447,8 @@ def _save(out: Path, model_graph: Any, live: Sequence[Any], *, name: str,
         out.mkdir(exist_ok=True)
         _swap_in_set(out, staging, name, names, old, set_id)
     except OSError as e:
-        raise _fail(f"cannot write the Triton repository '{out}': {e.strerror or e}; "
-                    "nothing in it was changed") from e
+        raise fail(f"cannot write the Triton repository '{out}': {e.strerror or e}; "
+                   "nothing in it was changed") from e
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
@@ -526,9 +525,7 @@ def _keep_modes(old: Path, new: Path, version: int) -> None:
     if model_mode is not None and (new / str(version)).is_dir():
         pairs += [(model_mode, f) for f in (new / str(version)).iterdir() if f.is_file()]
     for source, target in pairs:
-        with contextlib.suppress(OSError):
-            if source.exists() and target.exists():
-                os.chmod(target, stat.S_IMODE(source.stat().st_mode))
+        keep_mode(source, target)
 
 
 # The swap. ``.<repo>.om<pid>-<hex>.tmp`` (beside the repository) holds the new set while it

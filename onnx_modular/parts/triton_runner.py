@@ -18,9 +18,15 @@ from typing import Any
 
 import numpy as np
 
+from onnx_modular import runtime
 from onnx_modular.errors import fail, rules
 from onnx_modular.parts.manifest import MANIFEST, load_manifest
-from onnx_modular.parts.triton import SET_ID_KEY, load_repository, parse_config
+from onnx_modular.parts.triton import (
+    SET_ID_KEY,
+    config_parameter,
+    load_repository,
+    part_model_name,
+)
 
 
 class TritonRunner:
@@ -61,7 +67,7 @@ class TritonRunner:
         self.outputs = [e["name"] for e in manifest["outputs"]]
         for part in manifest["regions"]:
             if part.get("outputs"):
-                self.steps.append((f"{name}_{part['name'].lstrip('_')}", part["name"],
+                self.steps.append((part_model_name(name, part["name"]), part["name"],
                                    [e["name"] for e in part.get("inputs", [])],
                                    [e["name"] for e in part["outputs"]]))
 
@@ -101,9 +107,9 @@ class TritonRunner:
             config = self.client(model).get_model_config(model)
         except OSError as e:
             raise fail(f"no Triton server answers at {url} (the endpoint of '{model}'): "
-                       f"{_first_line(e)}", rules.VALIDATION) from e
+                       f"{runtime.first_line(e)}", rules.VALIDATION) from e
         except Exception as e:
-            raise fail(f"model '{model}' is not served at {url}: {_first_line(e)} (load it "
+            raise fail(f"model '{model}' is not served at {url}: {runtime.first_line(e)} (load it "
                        f"there: tritonserver ... --load-model {model})", rules.VALIDATION) from e
         found = _set_id_of(config)
         if found != self.set_id:
@@ -134,7 +140,7 @@ class TritonRunner:
                                                   outputs=wanted)
             except Exception as e:
                 raise fail(f"model '{model}' at {self.endpoints[model]} failed: "
-                           f"{_first_line(e)}", rules.VALIDATION) from e
+                           f"{runtime.first_line(e)}", rules.VALIDATION) from e
             for n in outputs:
                 env[n] = result.as_numpy(n)
         flat = [env[n] for n in self.outputs]
@@ -195,10 +201,7 @@ def _set_id_of(config: Any) -> str | None:
     protobuf message over gRPC)."""
     if isinstance(config, dict):
         return ((config.get("parameters") or {}).get(SET_ID_KEY) or {}).get("string_value")
-    message = getattr(config, "config", config)
-    parsed = parse_config(str(message))
-    return parsed.parameters[SET_ID_KEY].string_value if SET_ID_KEY in parsed.parameters \
-        else None
+    return config_parameter(getattr(config, "config", config), SET_ID_KEY)
 
 
 def _numpy(value: Any) -> np.ndarray:
@@ -207,8 +210,3 @@ def _numpy(value: Any) -> np.ndarray:
     if type(value).__module__.startswith("torch"):
         return value.detach().cpu().numpy()
     raise fail(f"inputs must be numpy arrays or torch tensors, got {type(value).__name__}")
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
