@@ -212,13 +212,15 @@ def meta_tensor(model: torch.nn.Module) -> str | None:
     return None
 
 
-def check_weights(model: Any, checkpoint: Checkpoint | None, rule: Rule,
-                  location: Location | None = None) -> None:
-    """Fail now, in one line, if ``checkpoint`` cannot be bound to ``model``, or if there is
-    none and the model has a tensor on the meta device (no data to run or export)."""
-    if checkpoint is not None:
-        plan(model, checkpoint)
-    elif isinstance(model, torch.nn.Module) and (on_meta := meta_tensor(model)) is not None:
+def check_checkpoint(model: Any, checkpoint: Checkpoint) -> None:
+    """Fail now, in one line, if ``checkpoint`` cannot be bound to ``model``."""
+    plan(model, checkpoint)
+
+
+def require_data(model: Any, rule: Rule, location: Location | None = None) -> None:
+    """Fail now, in one line, if the model has a tensor on the meta device (no data to run
+    or export) and no checkpoint is given."""
+    if isinstance(model, torch.nn.Module) and (on_meta := meta_tensor(model)) is not None:
         raise fail(f"'{on_meta}' of {type(model).__name__} is on the meta device (no data): "
                    "pass its checkpoint as weights= (--weights on the command line)",
                    rule, location)

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from onnx_modular import runtime
-from onnx_modular._checkpoint import Checkpoint, check_weights
+from onnx_modular._checkpoint import Checkpoint, require_data
 from onnx_modular._util import gc_paused
 from onnx_modular.check.inputs import as_args, bind_inputs, leaves
 from onnx_modular.check.localize import ProbeInAdvance, ValidationRun
@@ -89,7 +89,8 @@ def validate(
                    f"got {type(model).__name__}")
     feeds = {} if loaded is None else bind_inputs(
         loaded.proto, leaves(reference, args, kwargs), f"ONNX model {loaded.label}")
-    check_weights(model, weights, rules.VALIDATION)  # before any run
+    if weights is None:  # (a checkpoint is checked as the first run binds it)
+        require_data(model, rules.VALIDATION)
 
     inputs = Inputs(args, kwargs, feeds)
     with gc_paused():

@@ -12,7 +12,12 @@ from typing import Any
 
 import torch
 
-from onnx_modular._checkpoint import Checkpoint, bound_weights, check_weights
+from onnx_modular._checkpoint import (
+    Checkpoint,
+    bound_weights,
+    check_checkpoint,
+    require_data,
+)
 from onnx_modular._compat import quiet_libraries, tree_leaves
 from onnx_modular.diagnostics import DiagnosticContext, Location
 from onnx_modular.errors import fail, rules
@@ -31,8 +36,10 @@ def capture(model: Any, args: Any = (), kwargs: dict[str, Any] | None = None,
     the meta device needs no checkpoint.
     """
     ctx = ctx if ctx is not None else DiagnosticContext()
-    if weights is not None or not meta_ok:  # one line naming the parameter, before any work
-        check_weights(model, weights, rules.UNSUPPORTED_INPUT, Location(module_path=""))
+    if weights is not None:
+        check_checkpoint(model, weights)  # one line naming the parameter, before any work
+    elif not meta_ok:
+        require_data(model, rules.UNSUPPORTED_INPUT, Location(module_path=""))
     if isinstance(model, torch.export.ExportedProgram):
         return model
     if not isinstance(model, torch.nn.Module):
