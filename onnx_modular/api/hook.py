@@ -302,12 +302,11 @@ def _export_on_the_dynamo_path(call: TorchScriptCall, session: HookSession) -> s
         _open.reset(token)
         for message in inner.pending or ():  # torch.onnx ran quietly: give them now
             warnings.warn(f"onnx_modular.hook: {message}", HookWarning, stacklevel=4)
-    call.name_axes(onnx_program.model)
+    fixed = call.name_axes(onnx_program.model)
     mismatch = call.interface_mismatch(onnx_program.model)
     if mismatch is not None:
         session.exports.pop()
         return f"the dynamo export differs from the TorchScript one: {mismatch}"
-    fixed = call.fixed_axes(onnx_program.model)
     if fixed:
         warnings.warn("onnx_modular.hook: axes the model fixes stay fixed where dynamic_axes "
                       "named them: " + ", ".join(f"'{n}' axis {a} = {size}"

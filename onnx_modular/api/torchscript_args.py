@@ -125,31 +125,16 @@ class TorchScriptCall:
                     return True
         return False
 
-    def name_axes(self, model: ir.Model) -> None:
+    def name_axes(self, model: ir.Model) -> list[tuple[str, int, int]]:
         """Name the axes as ``dynamic_axes`` does, as the TorchScript exporter writes them:
         symbolic input axes get the call's names, and output axes are declared dynamic
-        (torch.onnx may declare the example's sizes there while the graph computes them)."""
-        inputs = {v.name for v in model.graph.inputs}
-        by_name = {v.name: v for v in [*model.graph.inputs, *model.graph.outputs]}
-        for name, axes in (self["dynamic_axes"] or {}).items():
-            value = by_name.get(name)
-            if value is None or value.shape is None:
-                continue
-            dims = list(value.shape)
-            named = axes if isinstance(axes, Mapping) else {
-                a: f"{name}_dynamic_axes_{i + 1}" for i, a in enumerate(axes)}
-            for axis, label in named.items():
-                if not -len(dims) <= axis < len(dims):
-                    continue
-                if name in inputs and isinstance(dims[axis], int):
-                    continue  # the model needs that size: fixed_axes() says so
-                dims[axis] = ir.SymbolicDim(str(label))
-            value.shape = ir.Shape(dims)
+        (torch.onnx may declare the example's sizes there while the graph computes them).
 
-    def fixed_axes(self, model: ir.Model) -> list[tuple[str, int, int]]:
-        """(name, axis, size) of every axis ``dynamic_axes`` asked to be dynamic that is fixed
-        in ``model``: torch.export found the model needs that size (a convolution's channels,
-        a ViT's image size), where the TorchScript exporter names the axis all the same."""
+        Returns (name, axis, size) of every input axis ``dynamic_axes`` asked to be dynamic
+        that the model fixes: torch.export found the model needs that size (a convolution's
+        channels, a ViT's image size), where the TorchScript exporter names the axis all
+        the same."""
+        inputs = {v.name for v in model.graph.inputs}
         by_name = {v.name: v for v in [*model.graph.inputs, *model.graph.outputs]}
         fixed = []
         for name, axes in (self["dynamic_axes"] or {}).items():
@@ -157,9 +142,16 @@ class TorchScriptCall:
             if value is None or value.shape is None:
                 continue  # the TorchScript exporter ignores a name it does not know, too
             dims = list(value.shape)
-            for axis in axes.keys() if isinstance(axes, Mapping) else axes:
-                if -len(dims) <= axis < len(dims) and isinstance(dims[axis], int):
-                    fixed.append((name, axis, dims[axis]))
+            named = axes if isinstance(axes, Mapping) else {
+                a: f"{name}_dynamic_axes_{i + 1}" for i, a in enumerate(axes)}
+            for axis, label in named.items():
+                if not -len(dims) <= axis < len(dims):
+                    continue
+                if name in inputs and isinstance(dims[axis], int):
+                    fixed.append((name, axis, dims[axis]))  # the model needs that size
+                    continue
+                dims[axis] = ir.SymbolicDim(str(label))
+            value.shape = ir.Shape(dims)
         return fixed
 
     def _dynamic_shapes(self, args: tuple[Any, ...], kwargs: dict[str, Any], *,
