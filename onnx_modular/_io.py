@@ -78,7 +78,8 @@ def check_writable(path: str | os.PathLike[str]) -> Path:
     return target
 
 
-def _temp_name(target: Path) -> str:
+def temp_name(target: Path) -> str:
+    """A writer's temporary beside ``target`` (:func:`clean_stale_temporaries` knows it)."""
     return f".{target.name}.om{os.getpid()}-{secrets.token_hex(4)}.tmp"
 
 
@@ -95,7 +96,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     target = check_writable(path)
     directory = target.parent if str(target.parent) else Path(".")
     clean_stale_temporaries(directory, target.name)
-    tmp_path = directory / _temp_name(target)
+    tmp_path = directory / temp_name(target)
     try:
         fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # umask applies
         os.close(fd)
@@ -282,7 +283,7 @@ def save_model(model: ir.Model, path: str | os.PathLike[str], *,
         return
     data_name = f"{target.name}.{secrets.token_hex(4)}.data"
     clean_stale_temporaries(directory, target.name)
-    staging = directory / _temp_name(target)
+    staging = directory / temp_name(target)
     try:
         staging.mkdir()
         staged = staging / target.name

@@ -31,7 +31,6 @@ import functools
 import importlib
 import importlib.util
 import json
-import operator
 import os
 import re
 import secrets
@@ -40,7 +39,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from onnx_modular._io import TWO_GB, atomic_write_text, keep_mode, pid_alive, save_model
+from onnx_modular._io import (
+    TWO_GB,
+    atomic_write_text,
+    clean_stale_temporaries,
+    keep_mode,
+    pid_alive,
+    save_model,
+    temp_name,
+)
 from onnx_modular.errors import fail
 from onnx_modular.metadata import PARTS_SET_ID
 from onnx_modular.parts.batching import batched_parts, plan_batching, plan_scalars
@@ -434,7 +441,7 @@ def _save(out: Path, model_graph: Any, live: Sequence[Any], *, name: str,
                                    max_queue_delay_us=max_queue_delay_us, set_id=set_id,
                                    ensemble=name))
     parent = _parent(out)
-    staging = parent / f".{out.name}.om{os.getpid()}-{secrets.token_hex(4)}.tmp"
+    staging = parent / temp_name(out)
     try:
         staging.mkdir()
         for (model_name, part), config in zip(steps, configs):
@@ -544,8 +551,7 @@ def _swap_in_set(out: Path, staging: Path, name: str, parts: Sequence[str],
     backup = staging.parent / f".{out.name}.om{os.getpid()}-old{secrets.token_hex(3)}.tmp"
     backup.mkdir()
     atomic_write_text(backup / _JOURNAL, json.dumps(
-        {"set_id": set_id, "ensemble": name, "models": [*parts, name],
-         "moved": []}))
+        {"set_id": set_id, "ensemble": name, "models": [*parts, name]}))
     ordered = [m for m in old if m == name] + [m for m in old if m != name]
     try:
         for model in ordered:
@@ -570,18 +576,16 @@ def _recover(out: Path) -> None:
     """Undo a save into ``out`` that was killed during its swap, and remove what killed
     saves left beside it: the repository is the old set again."""
     parent = _parent(out)
-    pattern = re.compile(rf"^\.{re.escape(out.name)}\.om(\d+)-(old)?[0-9a-f]+\.tmp$")
+    backup = re.compile(rf"^\.{re.escape(out.name)}\.om(\d+)-old[0-9a-f]+\.tmp$")
     try:
         entries = sorted(parent.iterdir())
     except OSError:
         return
     for entry in entries:
-        match = pattern.match(entry.name)
-        if match is None or pid_alive(int(match[1])) or not entry.is_dir():
-            continue
-        if match[2]:
+        match = backup.match(entry.name)
+        if match is not None and entry.is_dir() and not pid_alive(int(match[1])):
             _roll_back(out, entry)
-        shutil.rmtree(entry, ignore_errors=True)
+    clean_stale_temporaries(parent, out.name)  # backups rolled back, and staging sets
 
 
 def _roll_back(out: Path, backup: Path) -> None:
@@ -597,8 +601,7 @@ def _roll_back(out: Path, backup: Path) -> None:
         config = read_config(out / model)
         if config is not None and config_parameter(config, SET_ID_KEY) == set_id:
             shutil.rmtree(out / model)
-    kept = sorted((p for p in backup.iterdir() if p.is_dir()),
-                  key=operator.attrgetter("name"))
-    for directory in sorted(kept, key=lambda p: p.name == ensemble):  # the ensemble last
+    kept = (p for p in backup.iterdir() if p.is_dir())
+    for directory in sorted(kept, key=lambda p: (p.name == ensemble, p.name)):  # ensemble last
         if not (out / directory.name).exists():
             os.rename(directory, out / directory.name)
