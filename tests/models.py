@@ -774,3 +774,14 @@ def sd3(layers: int = 3) -> tuple[nn.Module, tuple]:
 
     return SD3().eval(), (torch.randn(1, 4, 8, 8), torch.randn(1, 4, 16),
                           torch.randn(1, 16), torch.tensor([3.0]))
+
+
+class TwoLinear(nn.Module):
+    """Two Linear layers around a ReLU: the smallest model with two module calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(4, 8), nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))

@@ -4,19 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from models import TwoLinear
 from torch import nn
 
 from onnx_modular.diagnostics import DiagnosticContext, Level, OnnxModularError
 from onnx_modular.lower.capture import capture
-
-
-class TwoLinear(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1, self.fc2 = nn.Linear(4, 8), nn.Linear(8, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.relu(self.fc1(x)))
 
 
 class Broken(nn.Module):

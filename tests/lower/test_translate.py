@@ -9,6 +9,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 import torch
+from models import TwoLinear
 from torch import nn
 
 from onnx_modular.diagnostics import OnnxModularError
@@ -22,15 +23,6 @@ from onnx_modular.lower.translate import (
     translate,
 )
 from onnx_modular.metadata import STACK_TRACE, fx_name
-
-
-class TwoLinear(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1, self.fc2 = nn.Linear(4, 8), nn.Linear(8, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.relu(self.fc1(x)))
 
 
 @torch.library.custom_op("om_tests::mystery", mutates_args=())
