@@ -4,6 +4,8 @@ Every output goes through it: ``om.export`` (hierarchical or flat), ``om.hook``,
 region and pipeline stage, and the single-file split. Its steps are onnx_ir passes run in
 one :class:`~onnx_ir.passes.Sequential`, so a failure names the step it happened in:
 
+0. ``RepairSqueeze``: a Squeeze of a dimension torch did not squeeze (torch.onnx writes one
+   ONNX forbids) loses that axis; each repair is a warning naming the node and its module.
 1. ``FoldWeights``: fold what depends on weights and constants only (``Transpose(weight)``);
    inside a function the weight is an input and could no longer be folded.
 2. ``Outline``: module calls -> nested local functions; equal bodies share one function.
@@ -37,6 +39,7 @@ from onnx_modular.emit.outline import (
     Selection,
     selector,
 )
+from onnx_modular.emit.repair import Repair, RepairSqueeze
 from onnx_modular.emit.verify import Verify
 from onnx_modular.errors import fail, rules
 
@@ -74,6 +77,7 @@ class EmitReport:
     """What the pipeline did: filled by its passes as they run."""
 
     outline: OutlineReport | None = None
+    repairs: list[Repair] = dataclasses.field(default_factory=list)
 
 
 # ---- running it ------------------------------------------------------------------------------
@@ -91,6 +95,11 @@ def emit_model(model: ir.Model, chains: Chains, weights: frozenset[str] | set[st
         report = EmitReport()
         with ctx.scope("Emit"):
             _run(ir.passes.Sequential(*_steps(options, chains, weights, select, report)), model)
+    for repair in report.repairs:
+        ctx.warn(rules.TRANSLATION, Location(module_path=repair.module_path,
+                                             fx_node=repair.fx_node), reason=(
+            f"node '{repair.fx_node}' in module '{repair.module_path or '<root>'}': "
+            f"{repair.what}"))
     if isinstance(select, Selection) and select.unmatched():
         ctx.warn(rules.UNOUTLINED, reason=(
             f"functions={select.unmatched()} matched no module call (by class, class "
@@ -108,7 +117,7 @@ def emit_model(model: ir.Model, chains: Chains, weights: frozenset[str] | set[st
 def _steps(options: EmitOptions, chains: Chains, weights: frozenset[str] | set[str],
            select: Select | None, report: EmitReport) -> list[ir.passes.PassBase]:
     """The passes ``options`` ask for, in pipeline order."""
-    steps: list[ir.passes.PassBase] = []
+    steps: list[ir.passes.PassBase] = [RepairSqueeze(chains, report.repairs)]
     if options.optimize:
         steps.append(FoldWeights(frozenset(weights), chains, select))
     if options.optimize or not options.flat:

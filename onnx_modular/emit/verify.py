@@ -24,20 +24,30 @@ from onnx_modular.metadata import META_PATH, STACK_TRACE, fx_name
 _NODE = re.compile(r"\(op_type:([^,]+), node name: ([^)]*)\)")
 
 
+#: Initializers up to this size stay in the model inference sees: shapes, axes and scales
+#: are data it reads (``Squeeze``'s axes, ``Reshape``'s shape); as bare inputs they would
+#: hide an invalid node from it.
+KEEP_BYTES = 4096
+
+
 @contextlib.contextmanager
 def _without_weights(model: ir.Model) -> Iterator[None]:
-    """Initializers as plain graph inputs while the model is serialized: inference needs
-    their types and shapes only, and a copy of the weights would double the memory."""
+    """Large initializers as plain graph inputs while the model is serialized: inference
+    needs their types and shapes only, and a copy of the weights would double the memory."""
     graph = model.graph
-    weights = list(graph.initializers.values())
+    order = list(graph.initializers.values())
+    weights = [w for w in order if w.const_value is None
+               or getattr(w.const_value, "nbytes", KEEP_BYTES + 1) > KEEP_BYTES]
     inputs = len(graph.inputs)
-    graph.initializers.clear()
+    for w in weights:
+        graph.initializers.pop(w.name)  # type: ignore[arg-type]
     graph.inputs.extend(w for w in weights if w not in set(graph.inputs))
     try:
         yield
     finally:
         del graph.inputs[inputs:]
-        for w in weights:
+        graph.initializers.clear()
+        for w in order:  # in their order: the file written after is the same bytes
             graph.register_initializer(w)
 
 
@@ -48,7 +58,9 @@ def verify(model: ir.Model) -> None:
     try:
         onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True)
     except onnx.shape_inference.InferenceError as e:
-        text = " ".join(str(e).split())
+        # the first line is the first failure; the lines after it are often its consequences
+        text = " ".join(next((line for line in str(e).splitlines() if line.strip()),
+                             str(e)).split())
         location, where = _locate(model, text)
         why = text.rsplit("):", 1)[-1].strip() or text
         hint = ("an onnx_modular defect: the same model with its functions inlined is "
