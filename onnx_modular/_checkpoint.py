@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from onnx_modular._compat import has_transformers_init, transformers_init_weights
+from onnx_modular._io import inside_folder
 from onnx_modular.diagnostics import Location, Rule
 from onnx_modular.errors import fail, rules
 
@@ -40,6 +41,7 @@ class _Files:
     def __init__(self, where: dict[str, Path], label: str) -> None:
         self.where, self.label = where, label  # tensor name -> its file
         self._open: dict[Path, Any] = {}
+        self._keys: dict[Path, set[str]] = {}
 
     def keys(self) -> Any:
         return self.where.keys()
@@ -52,13 +54,21 @@ class _Files:
 
         path = self.where[name]
         handle = self._open.get(path)
+        where = f"checkpoint '{self.label}': tensor '{name}' in shard '{path.name}'"
         if handle is None:
             try:
                 handle = self._open[path] = safe_open(str(path), framework="pt")
+                self._keys[path] = set(handle.keys())
             except Exception as e:
-                raise fail(f"cannot read checkpoint shard '{path}': "
+                raise fail(f"{where}: cannot read the shard as safetensors: "
                            f"{type(e).__name__}: {e}", rules.CHECKPOINT) from e
-        return handle.get_tensor(name)
+        if name not in self._keys[path]:
+            raise fail(f"{where}: the shard does not hold it", rules.CHECKPOINT)
+        try:
+            return handle.get_tensor(name)
+        except Exception as e:  # a shard cut short: its header promises more than it holds
+            raise fail(f"{where}: cannot read it: {type(e).__name__}: {e}",
+                       rules.CHECKPOINT) from e
 
 
 def open_checkpoint(checkpoint: Checkpoint) -> Mapping[str, torch.Tensor] | _Files:
@@ -77,24 +87,53 @@ def open_checkpoint(checkpoint: Checkpoint) -> Mapping[str, torch.Tensor] | _Fil
     if path.is_dir():
         index = path / INDEX_NAME
         if not index.is_file():
-            single = sorted(path.glob("*.safetensors"))
+            single = sorted(p for p in path.glob("*.safetensors") if not p.is_dir())
             if len(single) != 1:
                 raise fail(f"checkpoint directory '{path}' has no {INDEX_NAME} (and "
                            f"{len(single)} .safetensors files)", rules.CHECKPOINT)
-            return _files_of([single[0]], str(path))
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise fail(f"cannot read '{index}': {type(e).__name__}: {e}",
-                       rules.CHECKPOINT) from e
-        missing = sorted({f for f in weight_map.values() if not (path / f).is_file()})
-        if missing:
-            raise fail(f"checkpoint '{path}': shard '{missing[0]}' named in {INDEX_NAME} "
-                       "is not there", rules.CHECKPOINT)
-        return _Files({name: path / file for name, file in weight_map.items()}, str(path))
+            return _files_of([_shard(path, single[0].name, f"checkpoint '{path}'")],
+                             str(path))
+        return _Files(_index(path, index), str(path))
     if not path.is_file():
         raise fail(f"checkpoint '{path}' does not exist", rules.CHECKPOINT)
     return _files_of([path], str(path))
+
+
+def _index(folder: Path, index: Path) -> dict[str, Path]:
+    """Tensor name -> its shard, from ``model.safetensors.index.json``; every entry a
+    shard file inside ``folder`` (:func:`_shard`), or one line naming the entry."""
+    try:
+        data = json.loads(index.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError too
+        raise fail(f"cannot read '{index}': {type(e).__name__}: {e}",
+                   rules.CHECKPOINT) from e
+    weight_map = data.get("weight_map") if isinstance(data, dict) else data
+    if not isinstance(weight_map, dict):
+        got = f"its weight_map is a {type(weight_map).__name__}" if isinstance(data, dict) \
+            else f"it holds a {type(data).__name__}"
+        raise fail(f"'{index}' has no \"weight_map\" object (tensor name -> shard file): "
+                   f"{got}", rules.CHECKPOINT)
+    shards: dict[object, Path] = {}
+    where: dict[str, Path] = {}
+    for name, file in weight_map.items():
+        if not isinstance(file, str) or file not in shards:
+            shards[file] = _shard(folder, file, f"'{index}': entry '{name}'")
+        where[name] = shards[file]
+    return where
+
+
+def _shard(folder: Path, name: object, where: str) -> Path:
+    """``folder/name`` if it is a file inside ``folder``: the rule of parts directories
+    (:func:`_io.inside_folder`: no ``..``, no absolute path, no symbolic link out), so an
+    index cannot pull tensors from elsewhere into the model. The Hugging Face cache keeps
+    a snapshot's files as links into its repository's ``blobs``: those are inside too."""
+    resolved = folder.resolve()
+    blobs = (resolved.parent.parent / "blobs",) if resolved.parent.name == "snapshots" else ()
+    file = inside_folder(folder, name, where, links_within=blobs, rule=rules.CHECKPOINT)
+    if not file.is_file():
+        raise fail(f"{where}: shard '{name}' is "
+                   + ("not a file" if file.exists() else "not there"), rules.CHECKPOINT)
+    return file
 
 
 def _files_of(paths: list[Path], label: str) -> _Files:
@@ -144,7 +183,8 @@ def plan(model: torch.nn.Module, checkpoint: Checkpoint
     for slots in _slots(model).values():
         module, attr, _, _ = slots[0]
         current = getattr(module, attr)
-        name = next((s[2] for s in slots if s[2] in tensors), None)
+        names = [s[2] for s in slots if s[2] in tensors]
+        name = names[0] if names else None
         if name is None:
             if current.device.type == "meta" and any(s[2] in saved for s in slots):
                 raise fail(f"'{slots[0][2]}' ({_describe(current)}) is not in checkpoint "
@@ -156,8 +196,25 @@ def plan(model: torch.nn.Module, checkpoint: Checkpoint
                 if tuple(value.shape) == tuple(current.shape) else ""
             raise fail(f"'{name}' is {_describe(value)} in checkpoint {label}, but the model "
                        f"has {_describe(current)}{hint}", rules.CHECKPOINT)
+        for other in names[1:]:  # a tied weight saved under several names: one value
+            if not _same(value, tensors[other]):
+                raise fail(f"'{name}' and '{other}' are one tied weight of the model, but "
+                           f"checkpoint {label} holds different values under the two "
+                           "names", rules.CHECKPOINT)
         bound.append((slots, value))
     return bound
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit for bit the same tensor (NaN included), without a temporary of their size."""
+    if a is b or (a.shape, a.dtype) != (b.shape, b.dtype):
+        return a is b
+    if a.data_ptr() == b.data_ptr() and a.stride() == b.stride():
+        return True
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}.get(a.element_size())
+    if bits is None or a.dtype == torch.bool:
+        return torch.equal(a, b)
+    return torch.equal(a.contiguous().view(bits), b.contiguous().view(bits))
 
 
 def _recompute_buffers(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, Any]]:

@@ -24,8 +24,8 @@ import onnx
 import onnx_ir as ir
 
 from onnx_modular._compat import ir_save_external
-from onnx_modular.diagnostics import Diagnostic, to_sarif
-from onnx_modular.errors import fail
+from onnx_modular.diagnostics import Diagnostic, Rule, to_sarif
+from onnx_modular.errors import fail, rules
 
 TWO_GB = 2 * 1024**3
 _TEMP = re.compile(r"^\.(?P<target>.+)\.om(?P<pid>\d+)-[0-9a-z_]+\.tmp$")
@@ -76,6 +76,29 @@ def check_writable(path: str | os.PathLike[str]) -> Path:
     if not os.access(directory, os.W_OK):
         raise fail(f"cannot write '{target}': directory '{directory}' is not writable")
     return target
+
+
+def inside_folder(folder: Path, name: object, where: str, *,
+                  links_within: tuple[Path, ...] | None = None,
+                  rule: Rule = rules.BAD_INPUT) -> Path:
+    """``folder/name``, refused unless ``name`` is a plain file name inside ``folder`` (no
+    ``..``, no absolute path, no subfolder) and the file is no symbolic link (or, given
+    ``links_within``, one resolving into ``folder`` or one of those): a file a manifest or
+    an index names must not pull in one from elsewhere (parts directories, checkpoint
+    shards)."""
+    if not isinstance(name, str) or Path(name).name != name or name in ("", ".", "..") \
+            or "\\" in name:
+        raise fail(f"{where}: file {name!r} is not a plain file name inside the directory",
+                   rule)
+    file = folder / name
+    if file.is_symlink():
+        target = file.resolve()
+        if links_within is None or not any(
+                target.is_relative_to(d.resolve()) for d in (folder, *links_within)):
+            raise fail(f"{where}: file '{name}' is a symbolic link"
+                       + (f" out of the directory (to '{target}')" if links_within is not None
+                          else "") + "; only files inside the directory are read", rule)
+    return file
 
 
 def temp_name(target: Path) -> str:

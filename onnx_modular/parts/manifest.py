@@ -37,6 +37,7 @@ from onnx_modular._io import (
     atomic_write_bytes,
     atomic_write_text,
     clean_stale_temporaries,
+    inside_folder,
     pid_alive,
     save_model,
 )
@@ -283,11 +284,6 @@ def _check_values(values: Any, where: str) -> None:
 
 def inside_directory(folder: Path, name: str, where: str) -> Path:
     """``folder/name``, refused unless it is a plain file name of a regular file inside
-    ``folder`` (no ``..``, no absolute path, no symbolic link out)."""
-    if Path(name).name != name or name in (".", "..") or "\\" in name:
-        raise fail(f"{where}: file '{name}' is not a plain file name inside the directory")
-    file = folder / name
-    if file.is_symlink():
-        raise fail(f"{where}: file '{name}' is a symbolic link; parts are read from regular "
-                   "files inside the directory only")
-    return file
+    ``folder`` (no ``..``, no absolute path, no symbolic link): :func:`_io.inside_folder`,
+    the rule checkpoint shards follow too."""
+    return inside_folder(folder, name, where)
