@@ -141,6 +141,8 @@ def diff(actual: np.ndarray, expected: np.ndarray, rtol: float, atol: float) -> 
                     f"shape {list(actual.shape)} != expected {list(expected.shape)}")
     if actual.size == 0:
         return Diff(0.0, 0.0, True)
+    if actual.ndim == 0:  # a scalar (a loss): numpy's arithmetic on 0-d gives no arrays back
+        actual, expected = actual.reshape(1), expected.reshape(1)
     unreadable = next((x.dtype for x in (expected, actual) if not _numeric(x.dtype)), None)
     if unreadable is not None:
         return Diff(math.inf, math.inf, False, int(expected.size),

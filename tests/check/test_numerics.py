@@ -153,3 +153,30 @@ def test_a_changed_dtype_fails_even_when_the_numbers_agree() -> None:
     check = check_value(expected.double(), expected, None, None, reference="torch ")
     assert not check.ok and check.diff.note == "dtype float64 != torch float32"
     assert check_value(expected.double(), expected, None, None, same_dtype=False).ok
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_a_scalar_float_compares_like_an_array(dtype: type) -> None:
+    """A 0-d output (a loss): numpy gives scalars, not arrays, back from arithmetic on it;
+    the diff used to raise 'return arrays must be of ArrayType'."""
+    one, two = np.array(1.0, dtype), np.array(2.0, dtype)
+    assert diff(one, one.copy(), 1e-4, 1e-4).ok
+    wrong = diff(one, two, 1e-4, 1e-4)
+    assert (wrong.ok, wrong.mismatched, wrong.max_abs, wrong.max_rel) == (False, 1, 1.0, 0.5)
+
+
+@pytest.mark.parametrize(("actual", "expected", "ok"), [
+    (np.array(np.nan, np.float32), np.array(np.nan, np.float32), True),
+    (np.array(np.nan, np.float32), np.array(1.0, np.float32), False),
+    (np.array(1.0, np.float32), np.array(np.nan, np.float32), False),
+    (np.array(np.inf, np.float32), np.array(np.inf, np.float32), True),
+    (np.array(7, np.int64), np.array(7, np.int64), True),
+    (np.array(7, np.int64), np.array(8, np.int64), False),
+    (np.array(True), np.array(True), True),
+    (np.array(True), np.array(False), False),
+    (np.array(1 + 2j, np.complex64), np.array(1 + 3j, np.complex64), False),
+])
+def test_scalars_of_every_kind_follow_the_rules(actual: np.ndarray, expected: np.ndarray,
+                                                ok: bool) -> None:
+    assert diff(actual, expected, 1e-4, 1e-4).ok is ok
+    assert check_value(torch.from_numpy(np.asarray(actual)), expected, None, None).ok is ok

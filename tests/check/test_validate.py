@@ -472,3 +472,33 @@ def test_a_large_model_is_checked_without_prepacked_weights(tmp_path, monkeypatc
     assert len(prepacked) > 3 and all(prepacked[2:])
     assert lean.ok == default.ok == (not broken)
     assert lean.first_mismatch == default.first_mismatch == ("2.0" if broken else None)
+
+
+class ScalarLoss(nn.Module):
+    """0-d outputs, as diffusers' VQModel's loss: a float mean, an int count, a bool flag."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = self.fc(x)
+        return y.pow(2).mean(), (y > 0).sum(), (y > 0).any(), (y * 0).sum() / 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("localize", [False, True])
+def test_scalar_outputs_validate_with_the_right_verdict(localize: bool) -> None:
+    """A 0-d float output raised 'return arrays must be of ArrayType' in the diff; it must
+    pass when ORT matches torch (the NaN scalar matching NaN) and fail when it does not."""
+    torch.manual_seed(0)
+    model, args = ScalarLoss().eval(), (torch.randn(3, 4),)
+    proto = _export(model, args)
+    rep = om.validate(model, args, proto, providers="cpu", localize=localize)
+    assert rep.ok, rep.summary()
+    with torch.no_grad():
+        model.fc.bias += 0.5  # torch now differs from the exported model
+    rep = om.validate(model, args, proto, providers="cpu", localize=localize)
+    assert not rep.ok
+    failed = [c for c in rep.results[0].outputs if not c.ok]
+    assert failed and failed[0].diff.max_abs > 1e-3, rep.summary()
