@@ -70,7 +70,7 @@ class HookWarning(UserWarning):
 class HookedExport:
     """One ``torch.onnx.export`` call seen by a hook, and what came of it."""
 
-    path: str | None  # the file it wrote, where the call named one
+    path: str | None  # the file it wrote: the call's ``f``, or where its program was saved
     functions: tuple[str, ...]  # the local functions of the model it returned/wrote
     flat_reason: str | None  # why it stayed flat, or None
     #: what lowering and the emit pipeline reported (as ``om.export``'s ``diagnostics``)
@@ -136,13 +136,17 @@ def _hierarchical(original: Callable[..., Any]) -> Callable[..., Any]:
         if opset_version is not None and opset_version < MIN_HIERARCHICAL_OPSET:
             session.stays_flat(f"opset {opset_version} < {MIN_HIERARCHICAL_OPSET} cannot hold "
                                "the module functions")
-            return original(*args, optimize=optimize, opset_version=opset_version,
-                            verify=verify, report=report, artifacts_dir=artifacts_dir, **kwargs)
+            onnx_program = original(*args, optimize=optimize, opset_version=opset_version,
+                                    verify=verify, report=report, artifacts_dir=artifacts_dir,
+                                    **kwargs)
+            _record_saves(onnx_program, session.exports[-1])
+            return onnx_program
         with _failure_reports_only(artifacts_dir if report else None) as staging:
             onnx_program = original(*args, optimize=False, opset_version=opset_version,
                                     verify=False, report=report,
                                     artifacts_dir=staging or artifacts_dir, **kwargs)
         record = _emit(onnx_program, session, optimize)
+        _record_saves(onnx_program, record)
         if verify:
             record.verification = _verify(onnx_program)
         if report:
@@ -171,6 +175,19 @@ def _emit(onnx_program: torch.onnx.ONNXProgram, session: HookSession,
                        f"{options.functions!r})")
     _keep_functions_on_optimize(onnx_program)
     return record
+
+
+def _record_saves(onnx_program: torch.onnx.ONNXProgram, record: HookedExport) -> None:
+    """Record the file the program is first saved to: torch.onnx saves it to the call's
+    ``f`` after the step the hook replaces, which never sees ``f``."""
+    save = onnx_program.save
+
+    def save_recorded(destination: Any, *args: Any, **kwargs: Any) -> None:
+        save(destination, *args, **kwargs)
+        if record.path is None:
+            record.path = os.fspath(destination)
+
+    onnx_program.save = save_recorded
 
 
 def _warn_or_raise(session: HookSession, message: str) -> None:
@@ -290,7 +307,7 @@ def _export_on_the_dynamo_path(call: TorchScriptCall, session: HookSession) -> s
     inner = HookSession(options, session.strict, session.exports, pending=[])
     token = _open.set((*_open.get(), inner))
     try:
-        with quiet_torch_onnx():
+        with quiet_torch_onnx(), call.export_mode():
             onnx_program = _first_export_that_works(call)
     except OnnxModularError as e:
         if session.strict:
@@ -302,11 +319,12 @@ def _export_on_the_dynamo_path(call: TorchScriptCall, session: HookSession) -> s
         _open.reset(token)
         for message in inner.pending or ():  # torch.onnx ran quietly: give them now
             warnings.warn(f"onnx_modular.hook: {message}", HookWarning, stacklevel=4)
-    fixed = call.name_axes(onnx_program.model)
     mismatch = call.interface_mismatch(onnx_program.model)
     if mismatch is not None:
         session.exports.pop()
         return f"the dynamo export differs from the TorchScript one: {mismatch}"
+    _drop_unused_inputs(onnx_program.model.graph)
+    fixed = call.name_axes(onnx_program.model)
     if fixed:
         warnings.warn("onnx_modular.hook: axes the model fixes stay fixed where dynamic_axes "
                       "named them: " + ", ".join(f"'{n}' axis {a} = {size}"
@@ -314,6 +332,15 @@ def _export_on_the_dynamo_path(call: TorchScriptCall, session: HookSession) -> s
                       HookWarning, stacklevel=4)
     call.save(onnx_program)
     return None
+
+
+def _drop_unused_inputs(graph: Any) -> None:
+    """Remove the inputs nothing reads, as the TorchScript exporter does (an unused
+    ``forward`` argument, whose ``input_names`` entry goes with it)."""
+    used = [v for v in graph.inputs if v.uses() or v.is_graph_output()]
+    if len(used) < len(graph.inputs):
+        graph.inputs.clear()
+        graph.inputs.extend(used)
 
 
 def _first_export_that_works(call: TorchScriptCall) -> torch.onnx.ONNXProgram:

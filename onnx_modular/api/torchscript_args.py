@@ -8,16 +8,18 @@ have written (input and output names in order, dynamic dims where ``dynamic_axes
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import onnx_ir as ir
 import torch
 
 from onnx_modular._compat import torchscript_defaults
+from onnx_modular.lower.translate import MIN_HIERARCHICAL_OPSET
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,9 +40,13 @@ class TorchScriptCall:
         if not isinstance(model, torch.nn.Module):
             return f"the model is a {type(model).__name__}, not an nn.Module"
         training = self["training"]
-        if training not in (None, defaults["eval"], defaults["preserve"]) or (
-                training == defaults["preserve"] and model.training):
+        if training not in (defaults["eval"], defaults["preserve"]):
             return f"training={training} exports the training graph"
+        if training == defaults["preserve"] and any(m.training for m in model.modules()):
+            return f"training={training} of a model in training mode exports the training graph"
+        opset = self["opset_version"]
+        if opset is not None and opset < MIN_HIERARCHICAL_OPSET:
+            return f"opset {opset} < {MIN_HIERARCHICAL_OPSET} cannot hold the module functions"
         operator_export_type = self["operator_export_type"]
         if operator_export_type not in (None, defaults["onnx"]):
             return f"operator_export_type={operator_export_type}"
@@ -50,6 +56,24 @@ class TorchScriptCall:
         if f is not None and not isinstance(f, (str, os.PathLike)) and not hasattr(f, "write"):
             return f"f is a {type(f).__name__}, neither a path nor a writable file"
         return None
+
+    @contextlib.contextmanager
+    def export_mode(self) -> Iterator[None]:
+        """The model in the mode the TorchScript exporter exports it in: eval for
+        ``training=EVAL`` (its default; a train-mode Dropout would otherwise be exported
+        active), as it is for ``PRESERVE``. Each module's own mode is put back after, also
+        when the export raises."""
+        model = self["model"]
+        if self["training"] != torchscript_defaults()["eval"]:
+            yield
+            return
+        modes = [(module, module.training) for module in model.modules()]
+        model.train(False)
+        try:
+            yield
+        finally:
+            for module, training in modes:
+                module.training = training
 
     def functions(self) -> Any:
         """``export_modules_as_functions`` as a ``functions=`` selection, or None (the hook's)."""
@@ -86,17 +110,47 @@ class TorchScriptCall:
         }
 
     def save(self, onnx_program: Any) -> None:
-        """Write the file as the TorchScript exporter would: one file under 2 GB."""
+        """Write the file as the TorchScript exporter would: one file under 2 GB, weights
+        listed as inputs after the call's own where ``export_params=False`` (then without
+        their data) or ``keep_initializers_as_inputs=True`` asked for it."""
         f = self["f"]
         if f is None:
             return
-        if isinstance(f, (str, os.PathLike)):
-            onnx_program.save(
-                os.fspath(f), include_initializers=self["export_params"] is not False,
-                keep_initializers_as_inputs=bool(self["keep_initializers_as_inputs"]),
-                external_data=None)
-            return
-        f.write(onnx_program.model_proto.SerializeToString())  # a file object (BytesIO)
+        graph = onnx_program.model.graph
+        inputs, initializers = list(graph.inputs), dict(graph.initializers)
+        export_params = self["export_params"] is not False
+        if not export_params or self["keep_initializers_as_inputs"]:
+            graph.inputs.extend(self._weights_in_order(initializers))
+        if not export_params:
+            graph.initializers.clear()
+        try:
+            if isinstance(f, (str, os.PathLike)):
+                onnx_program.save(os.fspath(f), external_data=None)
+            else:
+                f.write(onnx_program.model_proto.SerializeToString())  # a file object (BytesIO)
+        finally:
+            graph.inputs.clear()
+            graph.inputs.extend(inputs)
+            if not export_params:
+                graph.initializers.update(initializers)
+
+    def _merged_weights(self, model: ir.Model) -> list[str]:
+        """The model's weights that are no initializer because an equal one stands for
+        them (initializers deduplicated), where the TorchScript exporter keeps each as an
+        input of its own when it keeps initializers as inputs."""
+        state = self["model"].state_dict(keep_vars=True)
+        kept = [state[name] for name in model.graph.initializers if name in state]
+        return [name for name, tensor in state.items()
+                if name not in model.graph.initializers and any(
+                    k.shape == tensor.shape and k.dtype == tensor.dtype and torch.equal(k, tensor)
+                    for k in kept)]
+
+    def _weights_in_order(self, initializers: Mapping[str, ir.Value]) -> list[ir.Value]:
+        """Initializers in the TorchScript exporter's input order: the model's
+        ``state_dict`` order, then weights folded ahead of time (TorchScript's
+        ``onnx::MatMul_12``), in the model's order."""
+        rank = {name: i for i, name in enumerate(self["model"].state_dict(keep_vars=True))}
+        return sorted(initializers.values(), key=lambda v: rank.get(v.name or "", len(rank)))
 
     def interface_mismatch(self, model: ir.Model) -> str | None:
         """How ``model``'s inputs and outputs differ from what this call asked for, or None."""
@@ -105,6 +159,10 @@ class TorchScriptCall:
             have = [v.name for v in values][:len(wanted)]
             if have != wanted:
                 return f"{kind} names {have} where the call named {wanted}"
+        merged = self._merged_weights(model) if self["keep_initializers_as_inputs"] else []
+        if merged:
+            return (f"keep_initializers_as_inputs=True lists every weight, but {merged[:3]} "
+                    "were merged into equal ones")
         for value, example in zip(model.graph.inputs, self._example_inputs()):
             dims = [] if value.shape is None else list(value.shape)
             if len(dims) != example.dim() or any(

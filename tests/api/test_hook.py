@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import models
@@ -244,9 +245,15 @@ def test_a_dynamo_false_call_below_opset_18_warns_it_stays_flat(tmp_path) -> Non
     """The warning is raised while torch.onnx runs quietly: it must still reach the caller."""
     model, args = models.Stack(1).eval(), models.x8()
     with om.hook() as session, pytest.warns(om.HookWarning, match="opset 17"):
-        _legacy_export(model, args, str(tmp_path / "o17.onnx"), opset_version=17)
-    assert not onnx.load(str(tmp_path / "o17.onnx")).functions
+        _legacy_export(model, args, str(tmp_path / "o17.onnx"), opset_version=17,
+                       input_names=["x"])
+    _legacy_export(model, args, str(tmp_path / "t17.onnx"), opset_version=17, input_names=["x"])
+    saved = onnx.load(str(tmp_path / "o17.onnx"))
+    assert not saved.functions
     assert session.exports[-1].flat_reason is not None
+    # what the TorchScript exporter writes, not the dynamo exporter's flat model
+    torchscript = onnx.load(str(tmp_path / "t17.onnx"))
+    assert [o.name for o in saved.graph.output] == [o.name for o in torchscript.graph.output]
 
 
 def test_a_script_module_stays_flat_with_a_warning(tmp_path) -> None:
@@ -318,3 +325,152 @@ def test_launcher_refuses_a_program_that_is_not_python(tmp_path) -> None:
 
     assert main(["hook", "--", "no-such-program-here"]) == 2
     assert main(["hook", "--", "ls"]) == 2  # a binary: the hook could not act in it
+
+
+# ---- dynamo=False calls: what the TorchScript exporter writes (issue 30) ---------------------
+
+class WithDropout(torch.nn.Module):
+    """Two blocks around a Dropout, whose train mode would randomize every run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.drop, self.second = models.Block(8), torch.nn.Dropout(0.5), \
+            models.Block(8)
+
+    def forward(self, x):
+        return self.second(self.drop(self.first(x)))
+
+
+def _unoptimized_ort(path, x):
+    """ORT without graph optimizations, which would drop an active Dropout on its own."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+
+
+def test_dynamo_false_exports_a_train_mode_model_in_eval_as_torchscript_does(
+        tmp_path, assert_close) -> None:
+    """training=EVAL (the default) exports eval behaviour and puts each module's mode back."""
+    model, x = WithDropout().train(), torch.randn(4, 8)
+    model.second.eval()  # mixed modes: each comes back as it was
+    expected = WithDropout.forward(model.eval(), x).detach()
+    model.train()
+    model.second.eval()
+    with om.hook() as session:
+        _legacy_export(model, (x,), str(tmp_path / "hooked.onnx"))
+    assert session.exports[-1].hierarchical
+    assert model.training and model.first.training and not model.second.training
+    _legacy_export(model, (x,), str(tmp_path / "torchscript.onnx"))  # (all train after it)
+    for name in ("hooked", "torchscript"):
+        assert_close(_unoptimized_ort(tmp_path / f"{name}.onnx", x), expected, 1e-5)
+
+
+def test_dynamo_false_puts_the_mode_back_when_the_export_raises(tmp_path) -> None:
+    class EvalFails(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.block = models.Block(8)
+
+        def forward(self, x):
+            if not self.training:
+                raise RuntimeError("eval is not supported")
+            return self.block(x)
+
+    model = EvalFails().train()
+    with om.hook(strict=True), pytest.raises(Exception, match="eval is not supported"):
+        _legacy_export(model, (torch.randn(2, 8),), str(tmp_path / "e.onnx"))
+    assert model.training
+
+
+def test_dynamo_false_preserve_of_a_train_mode_model_stays_flat(tmp_path) -> None:
+    """training=PRESERVE of a model in train mode exports the training graph: TorchScript's."""
+    model = WithDropout().eval()
+    model.drop.train()
+    with om.hook() as session, pytest.warns(om.HookWarning, match="PRESERVE"):
+        _legacy_export(model, (torch.randn(4, 8),), str(tmp_path / "p.onnx"),
+                       training=torch.onnx.TrainingMode.PRESERVE)
+    assert session.exports[-1].flat_reason is not None
+    assert not model.training and model.drop.training
+
+
+def test_dynamo_false_without_params_lists_the_weights_as_torchscript_does(
+        tmp_path, assert_close) -> None:
+    """export_params=False: weights are inputs (after the call's, in TorchScript's order and
+    names), without initializers; the model checks and runs on weights fed to it."""
+    import onnxruntime as ort
+
+    model, x = models.Stack(2).eval(), torch.randn(2, 8)
+    options = {"export_params": False, "input_names": ["x"]}
+    with om.hook() as session:
+        _legacy_export(model, (x,), str(tmp_path / "hooked.onnx"), **options)
+    _legacy_export(model, (x,), str(tmp_path / "torchscript.onnx"), **options)
+    assert session.exports[-1].hierarchical
+    hooked, torchscript = (onnx.load(str(tmp_path / f"{n}.onnx")) for n in ("hooked",
+                                                                           "torchscript"))
+    assert not hooked.graph.initializer and hooked.functions
+    names = [i.name for i in hooked.graph.input]
+    assert names == [i.name for i in torchscript.graph.input]
+    onnx.checker.check_model(hooked, full_check=True)
+    weights = dict(model.state_dict())
+    feeds = {"x": x.numpy(), **{n: weights[n].numpy() for n in names[1:]}}
+    session = ort.InferenceSession(str(tmp_path / "hooked.onnx"),
+                                   providers=["CPUExecutionProvider"])
+    assert_close(session.run(None, feeds)[0], model(x), 1e-5)
+
+
+@pytest.mark.parametrize("export_params", [True, False])
+def test_dynamo_false_keep_initializers_as_inputs_lists_each_weight(
+        tmp_path, export_params) -> None:
+    """Every weight is an input of its own (its data too with export_params): equal weights
+    the hook would merge (two LayerNorms at their initial values) mean it stays flat."""
+    x, options = torch.randn(2, 8), {"input_names": ["x"], "keep_initializers_as_inputs": True,
+                                     "export_params": export_params}
+    for model, hierarchical in ((models.Stack(2).eval(), False),
+                                (torch.nn.Sequential(models.Block(8), torch.nn.Linear(8, 8)),
+                                 True)):
+        with om.hook() as session, warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            _legacy_export(model, (x,), str(tmp_path / "k.onnx"), **options)
+        assert session.exports[-1].hierarchical == hierarchical
+        assert hierarchical or any("merged" in str(w.message) for w in seen)
+        _legacy_export(model, (x,), str(tmp_path / "t.onnx"), **options)
+        hooked, torchscript = (onnx.load(str(tmp_path / f"{n}.onnx")) for n in "kt")
+        assert [i.name for i in hooked.graph.input] == [i.name for i in torchscript.graph.input]
+        assert {i.name for i in hooked.graph.initializer} == (
+            {i.name for i in hooked.graph.input[1:]} if export_params else set())
+
+
+class UnusedArgument(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = models.Block(8)
+
+    def forward(self, x, unused, y):
+        return self.block(x) + y
+
+
+@pytest.mark.parametrize("input_names", [None, ["x", "u", "y"]])
+def test_dynamo_false_drops_an_unused_argument_as_torchscript_does(
+        tmp_path, input_names) -> None:
+    model, args = UnusedArgument().eval(), tuple(torch.randn(2, 8) for _ in range(3))
+    with om.hook() as session:
+        _legacy_export(model, args, str(tmp_path / "h.onnx"), input_names=input_names)
+    _legacy_export(model, args, str(tmp_path / "t.onnx"), input_names=input_names)
+    assert session.exports[-1].hierarchical
+    hooked = [i.name for i in onnx.load(str(tmp_path / "h.onnx")).graph.input]
+    assert len(hooked) == len(onnx.load(str(tmp_path / "t.onnx")).graph.input) == 2
+    if input_names:
+        assert hooked == [i.name for i in onnx.load(str(tmp_path / "t.onnx")).graph.input]
+
+
+def test_a_dynamo_true_export_to_a_path_records_the_path(tmp_path) -> None:
+    model, args = models.Stack(2).eval(), models.x8()
+    path = tmp_path / "d.onnx"
+    with om.hook() as session:
+        _export(model, args, str(path))
+        _export(model, args)  # no file: in memory
+    assert [e.path for e in session.exports] == [str(path), None]
+    assert str(session.exports[0]).startswith(str(path))
