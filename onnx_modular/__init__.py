@@ -8,6 +8,7 @@ from onnx_modular import _interrupt as _interrupt  # isort: skip
 from onnx_modular._version import __version__ as __version__
 from onnx_modular.api.export import ExportResult, export
 from onnx_modular.api.hook import HookedExport, HookSession, HookWarning, hook
+from onnx_modular.api.outline import outline
 from onnx_modular.api.split import SplitResult, split
 from onnx_modular.api.stages import Stage, StagesResult, plan_stages, split_by, split_stages
 from onnx_modular.check.compare import CompareReport, compare
@@ -54,6 +55,7 @@ __all__ = [
     "SplitRunner",
     "TritonRunner",
     "modularize",
+    "outline",
     "module_call_chains",
     "split",
     "pipe_split",

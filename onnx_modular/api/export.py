@@ -50,7 +50,7 @@ class ExportResult:
 
     model: ir.Model
     diagnostics: list[Diagnostic]
-    exported_program: torch.export.ExportedProgram  # decomposed, as translated
+    exported_program: torch.export.ExportedProgram | None  # decomposed (None: om.outline)
     graph_module: torch.fx.GraphModule | None  # the modularized program (None when flat)
     report: OutlineReport | None
 

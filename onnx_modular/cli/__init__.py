@@ -1,4 +1,4 @@
-"""``python -m onnx_modular`` / ``onnx-modular``: export, split, validate, compare, inspect, hook.
+"""``python -m onnx_modular`` / ``onnx-modular``: export, split, validate, compare, outline, hook.
 
 Each subcommand does one thing, in its own module (``add_parser`` and ``run``); what they
 share lives in :mod:`~onnx_modular.cli.common`. User errors print one line and exit 2
@@ -21,6 +21,7 @@ from onnx_modular.cli import (
     export,
     hook,
     inspect,
+    outline,
     split,
     triton_run,
     validate,
@@ -30,7 +31,8 @@ from onnx_modular.diagnostics import OnnxModularError
 __all__ = ["build_parser", "main"]
 
 #: In the order ``--help`` lists them: the pipeline's, then the tools'.
-_SUBCOMMANDS = (export, split, validate, compare, compare_io, inspect, hook, triton_run)
+_SUBCOMMANDS = (export, split, validate, compare, compare_io, inspect, outline, hook,
+                triton_run)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         except OnnxModularError as e:  # the model is in place: say so, not "nothing"
             raise fail(f"{e.diagnostic.message}; the model {args.output} was written, "
                        "only the SARIF log is missing", rules.BAD_INPUT) from e
-    common.out.print(_summary_table(result, args.output, elapsed))
+    common.out.print(summary_table(result, args.output, elapsed))
     if not args.validate:
         return common.EXIT_OK
     with common.step("Validating against ONNX Runtime"):
@@ -103,7 +103,7 @@ def _functions(args: argparse.Namespace) -> str | list[str]:
     return [f.strip() for f in args.functions.split(",") if f.strip()]
 
 
-def _summary_table(result: ExportResult, output: str, elapsed: float) -> Table:
+def summary_table(result: ExportResult, output: str, elapsed: float) -> Table:
     """What was written, in the numbers a user checks first (functions vs call sites)."""
     facts = summary(result.model_proto)
     table = Table(title=Text(f"Exported {output}"), show_header=False)

@@ -46,5 +46,5 @@ def run(args: argparse.Namespace) -> int:
 FUNCTIONS_UNDONE = (
     "Note: ONNX Runtime's quantizer (quantize_dynamic, ORTQuantizer) skips nodes inside "
     "functions, and its transformers optimizer and torch's ONNXProgram.optimize() inline them: "
-    "quantize or optimize the flat export (--flat), or quantize in torch and export that "
-    "model hierarchically.")
+    "quantize or optimize the flat export (--flat), then 'outline' the result to get the "
+    "functions back.")

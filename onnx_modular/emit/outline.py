@@ -375,7 +375,14 @@ def outline(model: ir.Model, chains: Mapping[str, tuple[CallInfo, ...]], *,
             select: Select | None = None, dedupe: bool = True) -> OutlineReport:
     """Outline ``model`` in place; ``select`` keeps some calls as functions (default: all)."""
     nodes = list(model.graph)
-    per_node = chains_per_node(nodes, chains, select)
+    return outline_nodes(model, nodes, chains_per_node(nodes, chains, select), dedupe=dedupe)
+
+
+def outline_nodes(model: ir.Model, nodes: list[ir.Node], per_node: list[tuple[CallInfo, ...]],
+                  *, dedupe: bool = True) -> OutlineReport:
+    """Outline ``model`` in place, given each main-graph node's calls (``nodes`` in graph
+    order, ``per_node`` already narrowed to the calls that become functions)."""
+    nodes, per_node = list(nodes), list(per_node)
     _localize_constants(model.graph, nodes, per_node)
     root = _build_scopes(nodes, per_node)
     outliner = _Outliner(model, dedupe)
