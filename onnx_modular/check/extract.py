@@ -14,6 +14,9 @@ model. :func:`extract` writes, for one call of a validated model:
   computed from constants, are ONNX's); ``expected.npz``: torch's outputs for them.
 - ``README.md``: the one-line ``compare-io`` command, plain onnxruntime code, and the error
   measured in the full model and on the module alone.
+- ``.onnx_modular-extraction.json``: what this extraction wrote (each file's size and time),
+  so the next one into the folder replaces exactly those files, unchanged, and refuses a
+  folder holding any other (a user's own ``README.md`` or ``module.onnx`` included).
 
 Everything comes from the localization's evidence (:class:`~onnx_modular.check.judge.
 Evidence`): no re-export and, for the first mismatch, no second torch run.
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import json
 import os
 import re
 import secrets
@@ -65,6 +69,9 @@ from onnx_modular.parts.manifest import restore_interrupted_swap, swap_in
 __all__ = ["Extraction", "check_directory", "extract", "find_call"]
 
 MODULE, INPUTS, EXPECTED, README = "module.onnx", "inputs.npz", "expected.npz", "README.md"
+#: What an extraction wrote, in the folder: how the next one knows the files are its own.
+MARKER = ".onnx_modular-extraction.json"
+MARKER_FORMAT = "onnx_modular.extraction"
 
 
 @dataclasses.dataclass
@@ -418,8 +425,9 @@ _REPRO_FILE = re.compile(rf"^({re.escape(MODULE)}|{re.escape(INPUTS)}|{re.escape
 
 def check_directory(directory: str | Path) -> Path:
     """The folder a repro may be written to, resolved (``.`` and symlinks), or one line
-    saying why not: a new folder, an empty one or an earlier repro (which is replaced as
-    a whole); never a folder of other files, which the repro would replace."""
+    saying why not: a new folder, an empty one or an earlier repro of ours, unchanged since
+    (:data:`MARKER` lists its files; it is replaced as a whole); never a folder holding
+    other files, which the repro would replace, whatever their names."""
     if not str(directory):
         raise fail("cannot extract to '': the folder name is empty", rules.BAD_INPUT)
     given = Path(directory)
@@ -428,12 +436,12 @@ def check_directory(directory: str | Path) -> Path:
                    rules.BAD_INPUT)
     target = given.resolve()
     if target.is_dir():
-        foreign = sorted(e.name for e in target.iterdir() if not _REPRO_FILE.match(e.name))
+        foreign = _foreign(target)
         if foreign:
             shown = ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")
-            raise fail(f"cannot extract to '{given}': it holds files that are not part of a "
-                       f"repro ({shown}), which it would replace; give an empty or new "
-                       "folder", rules.BAD_INPUT)
+            raise fail(f"cannot extract to '{given}': it holds files no earlier extraction "
+                       f"wrote, or changed since ({shown}), which it would replace; give an "
+                       "empty or new folder", rules.BAD_INPUT)
     parent = target.parent
     if not parent.is_dir():
         raise fail(f"cannot extract to '{given}': directory '{parent}' does not exist",
@@ -443,21 +451,52 @@ def check_directory(directory: str | Path) -> Path:
     return target
 
 
-def _publish(staging: Path, target: Path) -> None:
+def _stamp(path: Path) -> list[int]:
+    """What a file of ours looks like as written: its size and modification time (renames
+    keep both), so a file the user replaced or edited since is no longer ours."""
+    st = os.lstat(path)
+    return [st.st_size, st.st_mtime_ns]
+
+
+def _foreign(folder: Path) -> list[str]:
+    """Entries of ``folder`` that are not files of an earlier extraction, as its marker
+    lists them (repro file names only, regular files, unchanged)."""
+    entries = sorted(e.name for e in folder.iterdir())
+    try:
+        marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+        ours = marker["files"] if marker.get("format") == MARKER_FORMAT else {}
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        ours = {}
+    if not isinstance(ours, dict) or not ours:
+        return entries
+    return [name for name in entries if name != MARKER and not (
+        _REPRO_FILE.match(name) and (folder / name).is_file()
+        and not (folder / name).is_symlink() and ours.get(name) == _stamp(folder / name))]
+
+
+def _mark(staging: Path, call_id: str) -> None:
+    """The marker of the files just staged (written last: they no longer change)."""
+    files = {e.name: _stamp(e) for e in sorted(staging.iterdir()) if _REPRO_FILE.match(e.name)}
+    atomic_write_text(staging / MARKER, json.dumps(
+        {"format": MARKER_FORMAT, "call": call_id, "files": files}, indent=1))
+
+
+def _publish(staging: Path, target: Path, directory: Path) -> None:
     """The staged repro in place of ``target``'s, as one set: the folder is swapped in with
     renames, one extraction at a time (a lock on the parent folder), so two at once leave
-    one whole repro, never a mix. The current directory (or one holding it) keeps its
-    inode: its files are renamed in one by one."""
+    one whole repro, never a mix; the folder is checked again under the lock. The current
+    directory (or one holding it) keeps its inode: its files are renamed in one by one."""
     cwd = Path.cwd().resolve()
     with directory_lock(target.parent):
+        restore_interrupted_swap(target)
+        check_directory(directory)  # what another writer did meanwhile is ours, or refused
         if target == cwd or target in cwd.parents:
-            for entry in sorted(target.iterdir()):
-                if _REPRO_FILE.match(entry.name) and not (staging / entry.name).exists():
+            for entry in sorted(target.iterdir()):  # every one ours: checked just above
+                if not (staging / entry.name).exists():
                     entry.unlink()
             for entry in sorted(staging.iterdir()):
                 os.replace(entry, target / entry.name)
             return
-        restore_interrupted_swap(target)
         swap_in(staging, target)
 
 
@@ -573,7 +612,8 @@ def _write(evidence: Evidence, k: int, j: int, loaded: runtime.LoadedModel, prov
         staging.mkdir()
         extraction = _stage(staging, directory, evidence, built, tcall, kind, model, inputs,
                             expected, weights, values, in_model, provider, loaded.label)
-        _publish(staging, target)
+        _mark(staging, tcall.call_id)
+        _publish(staging, target, directory)
     except OSError as exc:
         why = "no space left on the device" if exc.errno == errno.ENOSPC else \
             exc.strerror or str(exc)

@@ -17,6 +17,7 @@ import pytest
 from onnx import numpy_helper
 
 import onnx_modular as om
+from onnx_modular.check.extract import MARKER, _mark, check_directory
 from onnx_modular.cli import main
 
 LAYERS = 24
@@ -60,7 +61,7 @@ def test_planted_layer_reproduces_alone(gpt2_24, functions, tmp_path, capsys):
     x = rep.extract(tmp_path / "bad")
     assert x.call_id == PLANTED and x.kind == ("hierarchical" if functions == "all" else "flat")
     assert sorted(p.name for p in (tmp_path / "bad").iterdir()) == [
-        "README.md", "expected.npz", "inputs.npz", "module.onnx"]
+        MARKER, "README.md", "expected.npz", "inputs.npz", "module.onnx"]
     module = onnx.load(tmp_path / "bad" / "module.onnx")
     onnx.checker.check_model(module, full_check=True)
     assert [i.name for i in module.graph.input] == ["input_0"]
@@ -384,3 +385,65 @@ def test_bfloat16_values_survive_npz():
     assert back.dtype == a.dtype and np.array_equal(back.view(np.uint16), a.view(np.uint16))
     with pytest.raises(om.OnnxModularError, match="expects float32"):
         _as_declared("x", stored, "float32")
+
+
+# ---- the folder: ours, or refused --------------------------------------------------------------
+
+REPRO = ("module.onnx", "inputs.npz", "expected.npz", "README.md")
+
+
+def test_a_folder_of_the_users_files_named_like_a_repro_is_refused(tmp_path):
+    """A user's own module.onnx and README.md used to be replaced: names alone do not make
+    files ours, only the marker an extraction writes beside them."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for name in ("module.onnx", "README.md"):
+        (mine / name).write_text(f"my {name}")
+    with pytest.raises(om.OnnxModularError, match=r"no earlier extraction wrote, or changed "
+                       r"since \(README.md, module.onnx\)"):
+        check_directory(mine)
+    assert (mine / "README.md").read_text() == "my README.md"
+
+
+def test_an_earlier_extraction_unchanged_is_ours_and_a_changed_one_is_not(tmp_path):
+    repro = tmp_path / "repro"
+    repro.mkdir()
+    for name in REPRO:
+        (repro / name).write_bytes(b"x")
+    _mark(repro, "layers.1")
+    assert check_directory(repro) == repro.resolve()
+    (tmp_path / "link").symlink_to(repro)
+    assert check_directory(tmp_path / "link") == repro.resolve()
+    (repro / "README.md").write_text("my notes on the repro")  # the user's now
+    with pytest.raises(om.OnnxModularError, match=r"\(README.md\)"):
+        check_directory(repro)
+    (repro / "README.md").unlink()
+    assert check_directory(repro) == repro.resolve()  # a file of ours gone: fine
+    (repro / "train.py").write_text("print('mine')")
+    with pytest.raises(om.OnnxModularError, match=r"\(train.py\)"):
+        check_directory(repro)
+    (repro / "train.py").unlink()
+    (repro / MARKER).write_text("{}")  # a marker listing nothing makes nothing ours
+    with pytest.raises(om.OnnxModularError, match="no earlier extraction wrote"):
+        check_directory(repro)
+
+
+@pytest.mark.slow
+def test_extract_never_replaces_the_users_files_and_re_extracts_into_its_own(tmp_path):
+    model, args = models.net()
+    proto = models.hierarchical(model, weight_scale={1: 1.5})
+    rep = om.validate(model, args, proto, providers="cpu")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for name in ("module.onnx", "README.md"):
+        (mine / name).write_text(f"my {name}")
+    with pytest.raises(om.OnnxModularError, match="no earlier extraction wrote"):
+        rep.extract(mine)
+    assert {p.name: p.read_text() for p in mine.iterdir()} == {
+        "module.onnx": "my module.onnx", "README.md": "my README.md"}
+    ours = tmp_path / "ours"
+    first = rep.extract(ours)
+    again = rep.extract(ours, call="layers.0")
+    assert (first.call_id, again.call_id) == ("layers.1.fc", "layers.0")
+    marker = json.loads((ours / MARKER).read_text())
+    assert marker["call"] == "layers.0" and sorted(marker["files"]) == sorted(REPRO)

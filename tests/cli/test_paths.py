@@ -162,18 +162,12 @@ def test_extract_folder_rules(tmp_path, monkeypatch):
     empty.mkdir()
     assert check_directory(empty) == empty.resolve()
     assert check_directory(tmp_path / "new") == (tmp_path / "new").resolve()
-    repro = tmp_path / "repro"
-    repro.mkdir()
-    for name in ("module.onnx", "inputs.npz", "expected.npz", "README.md"):
-        (repro / name).write_bytes(b"x")
-    assert check_directory(repro) == repro.resolve()  # an earlier repro: run twice
-    (tmp_path / "link").symlink_to(repro)
-    assert check_directory(tmp_path / "link") == repro.resolve()
-    mine = tmp_path / "mine"
+    mine = tmp_path / "mine"  # an earlier repro is ours only with its marker: test_extract
     mine.mkdir()
     (mine / "README.md").write_text("my notes")
     (mine / "train.py").write_text("print('mine')")
-    with pytest.raises(om.OnnxModularError, match=r"not part of a repro \(train.py\)"):
+    with pytest.raises(om.OnnxModularError, match=r"no earlier extraction wrote, or changed "
+                       r"since \(README.md, train.py\)"):
         check_directory(mine)
     monkeypatch.chdir(empty)
     assert check_directory(".") == empty.resolve()
@@ -211,7 +205,8 @@ def test_extract_twice_into_a_folder_with_a_space(failing, tmp_path, capsys, mon
     again = failing.extract(folder)  # the printed repro can be run twice
     assert again.call_id == first.call_id
     assert sorted(p.name for p in folder.iterdir()) == [
-        "README.md", "expected.npz", "inputs.npz", "module.onnx"]
+        ".onnx_modular-extraction.json", "README.md", "expected.npz", "inputs.npz",
+        "module.onnx"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left
     argv = shlex.split(again.command)  # quoted: the space does not split the path
     assert argv[:4] == ["python", "-m", "onnx_modular", "compare-io"]
@@ -427,7 +422,8 @@ def test_two_extractions_into_one_folder_leave_one_whole_repro(failing, tmp_path
     call = {p.key: p.value for p in module.metadata_props}["onnx_modular.extracted_call"]
     assert f"`{call}`" in (folder / "README.md").read_text()
     assert sorted(p.name for p in folder.iterdir()) == [
-        "README.md", "expected.npz", "inputs.npz", "module.onnx"]
+        ".onnx_modular-extraction.json", "README.md", "expected.npz", "inputs.npz",
+        "module.onnx"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x"]
 
 
