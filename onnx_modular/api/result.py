@@ -135,7 +135,8 @@ class SplitResult:
                     gpus: Sequence[int] | Mapping[str, Sequence[int]] | None = None,
                     kind: str | None = None, max_batch_size: int | None = None,
                     max_queue_delay_us: int = 0,
-                    external_data: bool | None = None) -> TritonRepository:
+                    external_data: bool | None = None,
+                    batch_dim: str | None = None) -> TritonRepository:
         """A Triton model repository: one onnxruntime model per part and the ensemble
         ``name`` that chains them, saved as one set; serve it with ``tritonserver
         --model-repository repo``.
@@ -145,13 +146,16 @@ class SplitResult:
         per part; ``gpus``: GPU ids the accelerator parts are spread over in turn (or part
         name -> ids); ``max_batch_size``: ``None`` batches where the parts keep the model's
         dynamic batch dimension (``max_queue_delay_us``: how long a request waits for others
-        to batch with); ``external_data``: weights beside each model in
+        to batch with), where a graph analysis proves no op mixes rows along it (else 0,
+        ``note`` says why); ``batch_dim``: states that axis 0 is the batch where the analysis
+        cannot prove it; ``external_data``: weights beside each model in
         ``model.onnx.<id>.data`` (``None``: only above 2 GB). See :func:`save_triton`.
         """
         return save_triton(repo, self.onnx_model.graph, self.region_graphs(), name=name,
                            instances=instances, gpus=gpus, kind=kind,
                            max_batch_size=max_batch_size,
-                           max_queue_delay_us=max_queue_delay_us, external_data=external_data)
+                           max_queue_delay_us=max_queue_delay_us, external_data=external_data,
+                           batch_dim=batch_dim)
 
     def preview(self, console: Console | None = None) -> None:
         """Print the operator-support and region tables (stages: one row per stage)."""

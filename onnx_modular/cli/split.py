@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +17,7 @@ from onnx_modular.cli import common, paths
 from onnx_modular.errors import fail, rules
 from onnx_modular.lower.capture import capture
 from onnx_modular.parts.manifest import check_parts_directory
-from onnx_modular.parts.triton import check_repository_path
+from onnx_modular.parts.triton import TritonBatchingWarning, check_repository_path
 from onnx_modular.support.operator_support import (
     OperatorSupport,
     load_support_file,
@@ -47,6 +48,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="instances of the accelerator parts in the Triton repository: auto "
                    "(default: GPUs where the server has them, else CPU), gpu or cpu; CPU "
                    "regions are always cpu")
+    p.add_argument("--triton-batch-dim", metavar="NAME", default=None,
+                   help="state that the inputs' dynamic first dimension is the batch: batch "
+                   "in Triton where the analysis cannot prove it (ops that mix rows along it "
+                   "still refuse)")
     p.add_argument("--min-acc-size", type=_count(0), default=1, metavar="N",
                    help="acc regions of fewer nodes go to the CPU (default 1)")
     p.add_argument("--max-acc-splits", type=_count(1, -1), default=-1, metavar="N",
@@ -85,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
     check_parts_directory(args.output)
     if args.triton_kind and args.triton is None:
         common.usage_error("split", "argument --triton-kind: needs --triton DIR")
+    if args.triton_batch_dim is not None and args.triton is None:
+        common.usage_error("split", "argument --triton-batch-dim: needs --triton DIR")
     if args.triton is not None:
         check_repository_path(args.triton)  # '' included: a flag given is not ignored
     balanced = num_stages is not None or budget is not None
@@ -118,12 +125,17 @@ def run(args: argparse.Namespace) -> int:
     common.out.print(f"{len(parts.regions)} part(s) and manifest.json written to "
                      f"{escape(args.output)}")
     if args.triton is not None:
-        with common.step(f"Writing the Triton model repository {args.triton}"):
-            repo = parts.save_triton(args.triton, kind=args.triton_kind)
+        with common.step(f"Writing the Triton model repository {args.triton}"), \
+                warnings.catch_warnings():  # the note is printed below, once
+            warnings.simplefilter("ignore", TritonBatchingWarning)
+            repo = parts.save_triton(args.triton, kind=args.triton_kind,
+                                     batch_dim=args.triton_batch_dim)
         common.out.print(f"Triton model repository written to {args.triton}: "
                          f"{', '.join(repo.models)} (ensemble '{repo.ensemble}'); serve it "
                          f"with tritonserver --model-repository {args.triton}",
                          highlight=False)
+        if repo.note:
+            common.err.print(f"[yellow]Triton: {escape(repo.note)}[/yellow]", highlight=False)
     return common.EXIT_OK
 
 

@@ -16,6 +16,10 @@ those are rewritten, in place and undone afterwards (:func:`batched_parts`):
 
 Unbatched, Triton takes no 0-d tensor at all: those crossing a cut are passed as ``[1]``
 (:func:`plan_scalars`).
+
+A dynamic first dimension is not yet a batch: :func:`prove_batching` follows it through
+the model (:mod:`onnx_modular.parts.batch_axis`) and keeps the plan only where no op mixes
+rows along it (or, where the analysis cannot tell, the caller states the batch).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from onnx_modular.parts.batch_axis import Batch, analyze
 from onnx_modular.parts.manifest import shape_of
 
 _PASS_THROUGH = frozenset({"Squeeze", "Reshape", "Cast", "Identity", "CastLike"})
@@ -42,6 +47,8 @@ class BatchPlan:
     batch_sizes: set[str] = dataclasses.field(default_factory=set)  # recomputed by readers
     shared: set[str] = dataclasses.field(default_factory=set)  # passed repeated, row 0 read
     scalars: set[str] = dataclasses.field(default_factory=set)  # passed as [1] (unbatched)
+    note: str = ""  # batched as stated, with ops the analysis could not follow
+    mixing: bool = False  # refused because an op provably mixes rows (``reason`` names it)
 
 
 def _first_dim(value: Any) -> str | int | None:
@@ -49,11 +56,14 @@ def _first_dim(value: Any) -> str | int | None:
     return shape[0] if shape else None
 
 
-def plan_batching(model_graph: Any, parts: Sequence[Any]) -> BatchPlan:
-    """The batch dimension every model input and output has first, and the cut tensors
-    without it that can be rewritten; or why the parts cannot be batched."""
+def plan_batching(model_graph: Any, parts: Sequence[Any], symbol: str | None = None
+                  ) -> BatchPlan:
+    """The batch dimension every model input and output has first (``symbol``, or the first
+    input's first), and the cut tensors without it that can be rewritten; or why the parts
+    cannot be batched. Whether the model treats it as a batch is :func:`prove_batching`'s."""
     inputs = list(model_graph.inputs)
-    symbol = _first_dim(inputs[0]) if inputs else None
+    if symbol is None:
+        symbol = _first_dim(inputs[0]) if inputs else None
     if not isinstance(symbol, str):
         return BatchPlan(None, "the model's first input has no dynamic first dimension "
                          "(export with dynamic_shapes to batch)")
@@ -91,6 +101,48 @@ def plan_batching(model_graph: Any, parts: Sequence[Any]) -> BatchPlan:
         kept = [v for v in part.model.graph.outputs if v.name not in plan.batch_sizes]
         if not kept:
             return BatchPlan(None, f"part '{part.name}' only passes the batch size on")
+    return plan
+
+
+def batch_symbol(model_graph: Any, batch_dim: str) -> str | None:
+    """The model's symbolic dimension ``batch_dim`` names: itself where the model has a
+    dimension of that name, else the first input's first dimension (torch.export renames
+    ``Dim("batch")`` to ``s<N>``; naming the batch states it is axis 0)."""
+    names = {d for v in [*model_graph.inputs, *model_graph.outputs]
+             for d in (shape_of(v) or []) if isinstance(d, str)}
+    if batch_dim in names:
+        return batch_dim
+    inputs = list(model_graph.inputs)
+    first = _first_dim(inputs[0]) if inputs else None
+    return first if isinstance(first, str) else None
+
+
+def prove_batching(model_graph: Any, parts: Sequence[Any], plan: BatchPlan, *,
+                   stated: bool = False) -> BatchPlan:
+    """``plan`` where the model treats its batch dimension as a batch: no op mixes rows
+    along it and every tensor crossing a cut carries it at axis 0. Ops the analysis cannot
+    follow refuse the plan, unless the batch is ``stated`` (then ``note`` lists them)."""
+    if plan.symbol is None:
+        return plan
+    analysis = analyze(model_graph, plan.symbol)
+    if analysis.mixing:
+        return BatchPlan(None, f"{analysis.summary()}; Triton would batch requests along "
+                         f"'{plan.symbol}' and give them each other's rows", mixing=True)
+    for part in parts:
+        for v in [*part.model.graph.inputs, *part.model.graph.outputs]:
+            state = analysis.states.get(v.name or "")
+            if _first_dim(v) == plan.symbol and isinstance(state, Batch) and (
+                    state.axis != 0 or state.inner != (1, ())):
+                return BatchPlan(None, f"'{v.name}' of part '{part.name}' has "
+                                 f"'{plan.symbol}' first but the batch at axis {state.axis}",
+                                 mixing=True)
+    if not analysis.unproven:
+        return plan
+    if not stated:
+        return BatchPlan(None, f"the analysis cannot prove that '{plan.symbol}' is a batch: "
+                         f"{analysis.summary()} (state it with batch_dim= to batch anyway)")
+    plan.note = (f"batched along '{plan.symbol}' as batch_dim states; not proven: "
+                 f"{analysis.summary()}")
     return plan
 
 

@@ -35,6 +35,7 @@ import os
 import re
 import secrets
 import shutil
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,13 @@ from onnx_modular._io import (
 )
 from onnx_modular.errors import fail
 from onnx_modular.metadata import PARTS_SET_ID
-from onnx_modular.parts.batching import batched_parts, plan_batching, plan_scalars
+from onnx_modular.parts.batching import (
+    batch_symbol,
+    batched_parts,
+    plan_batching,
+    plan_scalars,
+    prove_batching,
+)
 from onnx_modular.parts.manifest import dtype_name, shape_of
 
 CONFIG = "config.pbtxt"
@@ -58,6 +65,8 @@ MODEL_FILE = "model.onnx"
 #: config ``parameters`` keys: the save a model belongs to, and the ensemble of that save
 SET_ID_KEY = "onnx_modular_set_id"
 ENSEMBLE_KEY = "onnx_modular_ensemble"
+#: ensemble config ``parameters`` key: why the set is not batched, or what batching assumed
+BATCHING_KEY = "onnx_modular_batching"
 #: ``max_batch_size`` written where the parts keep a dynamic batch dimension
 DEFAULT_MAX_BATCH_SIZE = 8
 MAX_INSTANCES = 1024
@@ -140,11 +149,17 @@ class TritonRepository:
     version: int = 1  # the version folder of every model of the set
     set_id: str | None = None
     max_batch_size: int = 0
+    note: str = ""  # why the set is not batched, or what batching took on trust
 
     def configs(self) -> dict[str, Any]:
         """Model name -> its parsed ``ModelConfig``, read back from disk."""
         return {name: parse_config((self.path / name / CONFIG).read_text())
                 for name in [*self.models, self.ensemble]}
+
+
+class TritonBatchingWarning(UserWarning):
+    """A model with a dynamic first dimension saved without batching (or batched on the
+    caller's word): ``TritonRepository.note`` says why."""
 
 
 def load_repository(repo: str | os.PathLike[str], name: str | None = None
@@ -172,7 +187,8 @@ def load_repository(repo: str | os.PathLike[str], name: str | None = None
     versions = {s.model_version for s in config.ensemble_scheduling.step}
     return TritonRepository(path, name, steps, version=max(versions, default=1),
                             set_id=config_parameter(config, SET_ID_KEY),
-                            max_batch_size=config.max_batch_size)
+                            max_batch_size=config.max_batch_size,
+                            note=config_parameter(config, BATCHING_KEY) or "")
 
 
 # --- configs -------------------------------------------------------------------------------
@@ -247,7 +263,7 @@ def part_config(name: str, part: Any, *, max_batch_size: int = 0, instances: int
 
 def ensemble_config(name: str, model_graph: Any, steps: Sequence[tuple[str, Any]], *,
                     max_batch_size: int = 0, version: int = -1,
-                    set_id: str | None = None) -> Any:
+                    set_id: str | None = None, note: str = "") -> Any:
     """The ensemble: the model's inputs and outputs, one step per part, every tensor wired
     by name (a part's input ``k`` reads the ensemble tensor ``k``). ``version``: the
     version of every step's model (-1: the latest)."""
@@ -273,6 +289,8 @@ def ensemble_config(name: str, model_graph: Any, steps: Sequence[tuple[str, Any]
                        "what a step produces")
         _tensor(config.output.add(), v, name, batched)
     _set_parameters(config, set_id, None)
+    if note:
+        config.parameters[BATCHING_KEY].string_value = note
     return config
 
 
@@ -369,7 +387,8 @@ def save_triton(repo: str | os.PathLike[str], model_graph: Any, parts: Sequence[
                 name: str = "model", max_batch_size: int | None = None, instances: int = 1,
                 gpus: Sequence[int] | Mapping[str, Sequence[int]] | None = None,
                 kind: str | None = None, max_queue_delay_us: int = 0,
-                external_data: bool | None = None) -> TritonRepository:
+                external_data: bool | None = None, batch_dim: str | None = None
+                ) -> TritonRepository:
     """Write a Triton model repository for ``parts`` (``RegionGraph``s, in execution order)
     cut from ``model_graph`` (the whole model's graph: its inputs and outputs).
 
@@ -379,7 +398,14 @@ def save_triton(repo: str | os.PathLike[str], model_graph: Any, parts: Sequence[
     accelerator parts are spread over, one each in turn (``[0, 1, 2, 3]`` puts four stages
     on four GPUs), or part name -> ids. ``max_batch_size``: ``None`` batches (up to
     ``DEFAULT_MAX_BATCH_SIZE``, with ``dynamic_batching``) where every tensor of every part
-    has the model's dynamic batch dimension first, else 0; ``max_queue_delay_us``: how long
+    has the model's dynamic batch dimension first and the graph analysis
+    (:mod:`~onnx_modular.parts.batch_axis`) proves the model treats it as a batch (no op
+    mixes rows along it), else 0 with ``TritonRepository.note`` (and a
+    :class:`TritonBatchingWarning`) saying why; a number above 0 where batching is refused
+    is an error. ``batch_dim``: states that axis 0 (the dimension of that name, or the
+    first input's dynamic first one: torch.export names them ``s<N>``) is the batch; ops
+    the analysis cannot follow are then trusted (the note lists them), ops that provably
+    mix rows still refuse it. ``max_queue_delay_us``: how long
     a request may wait for others to batch with (Triton's default 0: only those already
     queued while an instance is busy); ``external_data``: weights in a
     data file beside each model (``None``: only above 2 GB). Other models in ``repo`` are
@@ -390,25 +416,56 @@ def save_triton(repo: str | os.PathLike[str], model_graph: Any, parts: Sequence[
                                   max_batch_size=max_batch_size, external_data=external_data,
                                   max_queue_delay_us=max_queue_delay_us,
                                   part_names=[p.name for p in live])
+    if batch_dim is not None and (not isinstance(batch_dim, str) or not batch_dim):
+        raise fail(f"batch_dim={batch_dim!r}: expected the name of the batch dimension")
     out = check_repository_path(repo)
-    plan = plan_batching(model_graph, live)
+    plan, note = _batching(model_graph, live, max_batch_size, batch_dim)
     if max_batch_size is None:
         max_batch_size = DEFAULT_MAX_BATCH_SIZE if plan.symbol else 0
-    elif max_batch_size > 0 and plan.symbol is None:
-        raise fail(f"max_batch_size={max_batch_size}: Triton batches along every tensor's "
-                   f"first dimension, but {plan.reason}")
     if max_batch_size == 0:
         plan = plan_scalars(model_graph, live)
     with batched_parts(live, plan):
-        return _save(out, model_graph, live, name=name, max_batch_size=max_batch_size,
-                     instances=instances, ids=ids, kind=chosen,
-                     max_queue_delay_us=max_queue_delay_us, external_data=external_data)
+        saved = _save(out, model_graph, live, name=name, max_batch_size=max_batch_size,
+                      instances=instances, ids=ids, kind=chosen,
+                      max_queue_delay_us=max_queue_delay_us, external_data=external_data,
+                      note=note)
+    if note:
+        warnings.warn(f"onnx_modular.save_triton: {note}", TritonBatchingWarning,
+                      stacklevel=3)
+    return saved
+
+
+def _batching(model_graph: Any, live: Sequence[Any], max_batch_size: int | None,
+              batch_dim: str | None) -> tuple[Any, str]:
+    """The batching plan and the note to keep with the set (why it is not batched, or what
+    batching took on trust); one line where what was asked cannot be done."""
+    symbol = None
+    if batch_dim is not None:
+        symbol = batch_symbol(model_graph, batch_dim)
+        if symbol is None:
+            raise fail(f"batch_dim={batch_dim!r}: the model has no dynamic dimension of that "
+                       "name and its first input no dynamic first dimension (export with "
+                       "dynamic_shapes to batch)")
+    first = plan_batching(model_graph, live, symbol)
+    plan = prove_batching(model_graph, live, first, stated=batch_dim is not None)
+    asked = batch_dim is not None or (max_batch_size or 0) > 0
+    if plan.symbol is None and asked and max_batch_size != 0:
+        what = f"batch_dim={batch_dim!r}" if batch_dim is not None else \
+            f"max_batch_size={max_batch_size}"
+        raise fail(f"{what}: Triton batches along every tensor's first dimension, but "
+                   f"{plan.reason}")
+    if plan.symbol is None:
+        inputs = list(model_graph.inputs)
+        dynamic = bool(inputs) and isinstance((shape_of(inputs[0]) or [None])[0], str)
+        note = f"not batched (max_batch_size 0): {plan.reason}" if dynamic else ""
+        return plan, note
+    return plan, plan.note
 
 
 def _save(out: Path, model_graph: Any, live: Sequence[Any], *, name: str,
           max_batch_size: int, instances: int, ids: list[int] | dict[str, list[int]] | None,
-          kind: str | None, max_queue_delay_us: int, external_data: bool | None
-          ) -> TritonRepository:
+          kind: str | None, max_queue_delay_us: int, external_data: bool | None,
+          note: str = "") -> TritonRepository:
     threshold = TWO_GB if external_data is None else (0 if external_data else 2**62)
     names = [part_model_name(name, p.name) for p in live]
     if name in names or len(set(names)) != len(names):
@@ -426,7 +483,7 @@ def _save(out: Path, model_graph: Any, live: Sequence[Any], *, name: str,
     set_id = secrets.token_hex(8)
     # the ensemble first: a model Triton could not wire must fail before anything is written
     ensemble = ensemble_config(name, model_graph, steps, max_batch_size=max_batch_size,
-                               version=version, set_id=set_id)
+                               version=version, set_id=set_id, note=note)
     accs = [p.name for p in live if p.is_acc]
     configs = []
     for model_name, part in steps:
@@ -460,7 +517,7 @@ def _save(out: Path, model_graph: Any, live: Sequence[Any], *, name: str,
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     return TritonRepository(out, name, names, version=version, set_id=set_id,
-                            max_batch_size=max_batch_size)
+                            max_batch_size=max_batch_size, note=note)
 
 
 def _write_model_dir(directory: Path, version: int, config: Any, model: Any,

@@ -18,7 +18,12 @@ import onnx_modular as om
 from onnx_modular.cli import main
 
 pytest.importorskip("tritonclient")  # in the test extra; its protobufs define the configs
-from onnx_modular.parts.triton import DEFAULT_MAX_BATCH_SIZE, model_config_pb2
+from onnx_modular.parts.triton import (
+    DEFAULT_MAX_BATCH_SIZE,
+    TritonBatchingWarning,
+    load_repository,
+    model_config_pb2,
+)
 
 pb = model_config_pb2()
 
@@ -251,8 +256,12 @@ def test_dynamic_batch_parts_are_batched_with_the_cut_tensors_rewritten(tmp_path
     before = [g.model.graph for g in stages.region_graphs()]
     shapes = [([str(v.shape) for v in g.inputs], [str(v.shape) for v in g.outputs], len(g))
               for g in before]
-    repo = stages.save_triton(tmp_path / "repo", name="llama")
+    with pytest.warns(TritonBatchingWarning, match="cannot prove"):
+        unstated = stages.save_triton(tmp_path / "unstated", name="llama")
+    assert unstated.max_batch_size == 0  # the causal mask indexes by row position
+    repo = stages.save_triton(tmp_path / "repo", name="llama", batch_dim="batch")
     assert repo.max_batch_size == DEFAULT_MAX_BATCH_SIZE
+    assert repo.note.startswith("batched along") and "Concat" in repo.note
     assert shapes == [([str(v.shape) for v in g.inputs], [str(v.shape) for v in g.outputs],
                        len(g)) for g in before]  # undone
     configs = repo.configs()
@@ -280,6 +289,84 @@ class BatchMean(nn.Module):
 @pytest.mark.slow
 def test_a_cut_tensor_that_depends_on_the_request_keeps_the_parts_unbatched(tmp_path) -> None:
     stages = dynamic_batch(BatchMean(), (torch.randn(4, 3),))
-    assert stages.save_triton(tmp_path / "repo").max_batch_size == 0
+    with pytest.warns(TritonBatchingWarning, match="depends on the request"):
+        assert stages.save_triton(tmp_path / "repo").max_batch_size == 0
     with pytest.raises(om.OnnxModularError, match="depends on the request"):
         stages.save_triton(tmp_path / "repo", max_batch_size=4)
+
+
+def rows_alone_match_stacked(repo: Path, ensemble: str, x: np.ndarray) -> float:
+    """The largest difference between the rows of one stacked run of the written parts
+    (in ONNX Runtime, as the configs wire them) and each row run alone."""
+    (stacked,) = run_ensemble(repo, ensemble, {"x": x}).values()
+    alone = np.concatenate([next(iter(run_ensemble(repo, ensemble, {"x": x[i:i + 1]})
+                                      .values())) for i in range(len(x))])
+    return float(np.abs(stacked - alone).max())
+
+
+class RowMixing(nn.Module):
+    """``x - x.mean(0)``: every row minus the mean of the batch."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x) - x.mean(0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["sequence-first encoder", "x - x.mean(0)"])
+def test_a_model_that_mixes_along_its_first_dimension_is_not_batched(case, tmp_path) -> None:
+    """A dynamic first dimension that is not a batch (attention runs across a sequence-
+    first encoder's; the mean crosses the batch): max_batch_size 0 with a note naming the
+    op (and module), kept in the ensemble's config; asking to batch is one line."""
+    if case == "x - x.mean(0)":
+        model, x, op, module = RowMixing(), torch.randn(4, 3), "ReduceMean", None
+        stages = dynamic_batch(model, (x,))
+    else:
+        model = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0).eval()
+        x, op, module = torch.randn(5, 3, 16), "MatMul", "'self_attn' (MultiheadAttention)"
+        program = torch.export.export(model, (x,), strict=False,
+                                      dynamic_shapes=({0: torch.export.Dim("seq", max=64)},))
+        stages = om.split_stages(program, num_stages=1)
+    with pytest.warns(TritonBatchingWarning, match=op):
+        repo = stages.save_triton(tmp_path / "repo")
+    assert repo.max_batch_size == 0
+    assert repo.note.startswith("not batched (max_batch_size 0): ") and op in repo.note
+    assert module is None or module in repo.note
+    assert load_repository(tmp_path / "repo").note == repo.note  # in the ensemble's config
+    name = stages.onnx_model.graph.inputs[0].name
+    (got,) = run_ensemble(tmp_path / "repo", "model", {name: x.numpy()}).values()
+    np.testing.assert_allclose(got, model(x).detach().numpy(), rtol=1e-4, atol=1e-4)
+    for asked in ({"max_batch_size": 4}, {"batch_dim": "batch"}):
+        with pytest.raises(om.OnnxModularError) as error:
+            stages.save_triton(tmp_path / "asked", **asked)
+        assert "\n" not in str(error.value) and op in str(error.value)
+        assert not (tmp_path / "asked").exists()
+
+
+class ConvMLP(nn.Module):
+    """A conv net and an MLP head over a batch: every op keeps rows apart."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+                                  nn.MaxPool2d(2))
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(4 * 4 * 4, 8), nn.GELU(),
+                                  nn.LayerNorm(8), nn.Linear(8, 5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv(x)
+        om.pipe_split()
+        return self.head(h).softmax(-1)
+
+
+@pytest.mark.slow
+def test_a_batch_model_is_batched_and_stacked_rows_equal_rows_alone(tmp_path) -> None:
+    model = ConvMLP().eval()
+    x = torch.randn(3, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    stages = dynamic_batch(model, (x,))
+    repo = stages.save_triton(tmp_path / "repo")
+    assert repo.max_batch_size == DEFAULT_MAX_BATCH_SIZE and repo.note == ""
+    assert len(repo.models) == 2
+    big = torch.randn(6, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    assert rows_alone_match_stacked(tmp_path / "repo", "model", big.numpy()) < 1e-5
+    (got,) = run_ensemble(tmp_path / "repo", "model", {"x": big.numpy()}).values()
+    np.testing.assert_allclose(got, model(big).detach().numpy(), rtol=1e-4, atol=1e-5)

@@ -1,0 +1,95 @@
+"""The batch-axis analysis on small exported models: what mixes rows along the batch, what
+it cannot follow, and what it proves (each checked against ONNX Runtime: the rows of a
+stacked run equal each row run alone where it proves the batch, and differ where it finds
+mixing)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+import torch
+from torch import nn
+
+import onnx_modular as om
+from onnx_modular.parts.batch_axis import analyze
+
+pytestmark = pytest.mark.slow  # each case exports a model
+
+
+class Fn(nn.Module):
+    def __init__(self, fn) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn(x)
+
+
+def translation(model: nn.Module, x: torch.Tensor) -> ir.Model:
+    batch = torch.export.Dim("batch", max=64)
+    program = torch.export.export(model.eval(), (x,), dynamic_shapes=({0: batch},),
+                                  strict=False)
+    return om.split_stages(program, num_stages=1).onnx_model
+
+
+def rows_alone_equal_stacked(model: ir.Model, x: np.ndarray) -> bool:
+    proto = ir.serde.serialize_model(model).SerializeToString()
+    session = ort.InferenceSession(proto, providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    (stacked,) = session.run(None, {name: x})
+    alone = np.concatenate([session.run(None, {name: x[i:i + 1]})[0] for i in range(len(x))])
+    return stacked.shape == alone.shape and np.allclose(stacked, alone, atol=1e-5)
+
+
+W = torch.randn(6, 6, generator=torch.Generator().manual_seed(0))
+CASES = {  # name: (function of x [batch, 6], the first mixing op, "proven", or None)
+    "mean over the batch": (lambda x: x - x.mean(0), "ReduceMean"),
+    "x @ x.T": (lambda x: x @ x.T, "MatMul"),
+    "cumsum over the batch": (lambda x: x.cumsum(0), "CumSum"),
+    "topk over the batch": (lambda x: x.topk(1, dim=0).values + x, "TopK"),
+    "softmax over the batch": (lambda x: x.softmax(0), "Softmax"),
+    "flip of the batch": (lambda x: x.flip(0), None),
+    "batch size as a value": (lambda x: x * x.shape[0], "Mul"),
+    "rows along the last axis": (lambda x: torch.relu(x @ W).softmax(-1) * 2, "proven"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_mixing_is_found_and_proof_holds_in_ort(case) -> None:
+    fn, expected = CASES[case]
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(1))
+    model = translation(Fn(fn), x)
+    graph = model.graph
+    analysis = analyze(graph, graph.inputs[0].shape[0].value)
+    if expected == "proven":
+        assert analysis.proven, analysis.summary()
+    elif expected is not None:
+        assert analysis.mixing and analysis.mixing[0].op == expected, analysis.summary()
+    else:
+        assert not analysis.proven
+    assert not analysis.proven or rows_alone_equal_stacked(model, x.numpy())
+    if analysis.mixing:
+        assert not rows_alone_equal_stacked(model, x.numpy())
+
+
+def test_the_sequence_first_encoder_attends_across_its_first_axis() -> None:
+    layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0)  # batch_first=False
+    model = translation(layer, torch.randn(5, 3, 16))
+    analysis = analyze(model.graph, model.graph.inputs[0].shape[0].value)
+    first = analysis.mixing[0]
+    assert first.op == "MatMul" and "'self_attn' (MultiheadAttention)" in first.module
+    assert not rows_alone_equal_stacked(model, np.random.default_rng(0).standard_normal(
+        (5, 3, 16)).astype(np.float32))
+
+
+def test_a_flatten_that_is_undone_keeps_the_batch() -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return (x.flatten(0, 1) * 2).unflatten(0, (-1, 3)).transpose(1, 2).relu()
+
+    x = torch.randn(4, 3, 6)
+    model = translation(Fn(fn), x)
+    analysis = analyze(model.graph, model.graph.inputs[0].shape[0].value)
+    assert analysis.proven, analysis.summary()
+    assert rows_alone_equal_stacked(model, x.numpy())
