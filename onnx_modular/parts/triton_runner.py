@@ -91,11 +91,16 @@ class TritonRunner:
         with self._lock:
             if url not in self._clients:
                 module = _client_module(self.protocol)
-                if self.protocol == "http":
-                    self._clients[url] = module.InferenceServerClient(
-                        url, connection_timeout=self.timeout, network_timeout=self.timeout)
-                else:
-                    self._clients[url] = module.InferenceServerClient(url)
+                try:
+                    if self.protocol == "http":
+                        self._clients[url] = module.InferenceServerClient(
+                            url, connection_timeout=self.timeout,
+                            network_timeout=self.timeout)
+                    else:
+                        self._clients[url] = module.InferenceServerClient(url)
+                except Exception as e:
+                    raise fail(f"cannot connect to {url} (the endpoint of '{model}'): "
+                               f"{runtime.first_line(e)}", rules.VALIDATION) from e
             return self._clients[url]
 
     def _check(self, model: str) -> None:
@@ -181,7 +186,20 @@ def _endpoint(endpoints: str | Mapping[str, str], model: str, part: str) -> str:
                    "'host:port', ...} or '*' for the rest)")
     if not isinstance(url, str) or not url:
         raise fail(f"endpoint of '{model}' must be 'host:port', got {url!r}")
-    return url.split("://", 1)[-1]
+    url = url.split("://", 1)[-1]
+    check_endpoint(url, model)
+    return url
+
+
+def check_endpoint(url: str, model: str) -> None:
+    """``host:port`` with a port from 1 to 65535, or one line saying what is wrong (before
+    tritonclient sees it: its client half-built on a bad port fails again as it is
+    collected, with a traceback)."""
+    host, sep, port = url.rstrip("/").rpartition(":")
+    host = host.strip("[]")  # [::1]:8000
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise fail(f"endpoint '{url}' of '{model}' is not HOST:PORT with a port from 1 to "
+                   "65535", rules.BAD_INPUT)
 
 
 def _client_module(protocol: str) -> Any:
