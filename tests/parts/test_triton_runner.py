@@ -16,7 +16,7 @@ import triton_server
 
 import onnx_modular as om
 from onnx_modular.cli import main
-from onnx_modular.parts.triton import DEFAULT_MAX_BATCH_SIZE
+from onnx_modular.parts.triton import DEFAULT_MAX_BATCH_SIZE, TritonBatchingWarning
 from onnx_modular.parts.triton_runner import request_inputs as request
 
 pytestmark = [pytest.mark.slow,  # a real server: the full suite, not the inner loop
@@ -95,7 +95,8 @@ def test_concurrent_requests_are_batched_by_the_server(server) -> None:
     stages = om.split_stages(program, num_stages=2)
     # a request waits up to 20 ms for others (with 0, only requests queued while an
     # instance is busy are batched: on a model this small, few)
-    repo = stages.save_triton(server.repo, name="gpt2_batched", max_queue_delay_us=20_000)
+    repo = stages.save_triton(server.repo, name="gpt2_batched", max_queue_delay_us=20_000,
+                              batch_dim="batch")  # its mask indexes by row: not provable
     assert repo.max_batch_size == DEFAULT_MAX_BATCH_SIZE
     config = repo.configs()["gpt2_batched_stage_0"]
     assert config.HasField("dynamic_batching") and list(config.input[0].dims) == [8]
@@ -154,3 +155,69 @@ def test_two_servers_chain_the_stages_like_split_runner(server, saved, tmp_path)
         with pytest.raises(om.OnnxModularError, match="another save"):
             stale.run(*args)
         stale.close()
+
+
+class ConvHead(torch.nn.Module):
+    """Conv, pool, flatten, linear, layer norm, softmax: a batch every op keeps apart."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        nn = torch.nn
+        self.conv = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2))
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(64, 8), nn.LayerNorm(8),
+                                  nn.Linear(8, 5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv(x)
+        om.pipe_split()
+        return self.head(h).softmax(-1)
+
+
+def test_a_proven_batch_is_batched_and_concurrent_requests_answer_like_torch(server) -> None:
+    import tritonclient.http as http
+
+    model = ConvHead().eval()
+    x = torch.randn(2, 3, 8, 8)
+    program = torch.export.export(model, (x,), strict=False,
+                                  dynamic_shapes=({0: torch.export.Dim("batch", max=64)},))
+    repo = om.split_stages(program).save_triton(server.repo, name="conv_batched",
+                                                max_queue_delay_us=20_000)
+    assert repo.max_batch_size == DEFAULT_MAX_BATCH_SIZE and repo.note == ""
+    client = http.InferenceServerClient(server.url, concurrency=16)
+    client.load_model("conv_batched")
+    requests = [torch.randn(1 + i % 3, 3, 8, 8, generator=torch.Generator().manual_seed(i))
+                .numpy() for i in range(24)]
+    pending = [client.async_infer("conv_batched", request({"x": r})) for r in requests]
+    for r, call in zip(requests, pending):
+        (got,) = outputs(call.get_result()).values()
+        np.testing.assert_allclose(got, model(torch.from_numpy(r)).detach().numpy(),
+                                   rtol=TOL, atol=TOL)
+    stats = {s["name"]: s for s in client.get_inference_statistics()["model_stats"]}
+    for name in repo.models:
+        assert stats[name]["execution_count"] < len(requests), stats[name]
+    client.close()
+
+
+def test_a_sequence_first_encoder_is_not_batched_and_answers_each_request(server) -> None:
+    """Its dynamic first dimension is the sequence: attention runs across it, so the set is
+    not batched; concurrent requests of different lengths (12 tokens too) each get torch's
+    answer."""
+    import tritonclient.http as http
+
+    model = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0).eval()
+    program = torch.export.export(model, (torch.randn(5, 3, 16),), strict=False,
+                                  dynamic_shapes=({0: torch.export.Dim("seq", max=64)},))
+    with pytest.warns(TritonBatchingWarning, match="MatMul"):
+        repo = om.split_stages(program, num_stages=1).save_triton(server.repo, name="enc")
+    assert repo.max_batch_size == 0 and "self_attn" in repo.note
+    client = http.InferenceServerClient(server.url, concurrency=8)
+    client.load_model("enc")
+    assert client.get_model_config("enc_stage_0")["max_batch_size"] == 0
+    requests = [torch.randn(3 + i, 3, 16, generator=torch.Generator().manual_seed(i)).numpy()
+                for i in range(10)]  # 3 to 12 tokens
+    pending = [client.async_infer("enc", request({"src": r})) for r in requests]
+    for r, call in zip(requests, pending):
+        (got,) = outputs(call.get_result()).values()
+        np.testing.assert_allclose(got, model(torch.from_numpy(r)).detach().numpy(),
+                                   rtol=TOL, atol=TOL)
+    client.close()
