@@ -197,10 +197,13 @@ def plan(model: torch.nn.Module, checkpoint: Checkpoint
             raise fail(f"'{name}' is {_describe(value)} in checkpoint {label}, but the model "
                        f"has {_describe(current)}{hint}", rules.CHECKPOINT)
         for other in names[1:]:  # a tied weight saved under several names: one value
-            if not _same(value, tensors[other]):
+            twin = tensors[other]
+            if not _same(value, twin):
+                kinds = f" ({_describe(value)} and {_describe(twin)})" \
+                    if (value.shape, value.dtype) != (twin.shape, twin.dtype) else ""
                 raise fail(f"'{name}' and '{other}' are one tied weight of the model, but "
                            f"checkpoint {label} holds different values under the two "
-                           "names", rules.CHECKPOINT)
+                           f"names{kinds}", rules.CHECKPOINT)
         bound.append((slots, value))
     return bound
 
