@@ -8,11 +8,19 @@ is passed through; what each export became is summarized on stderr at the end.
 from __future__ import annotations
 
 import argparse
+import builtins
+import contextlib
+import dataclasses
+import importlib.machinery
+import importlib.util
+import io
 import os
 import runpy
 import shutil
 import sys
 import traceback
+import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,24 +55,42 @@ def run(args: argparse.Namespace) -> int:
     if not program:
         common.usage_error("hook", "give the program to run after --, e.g. "
                            "'hook -- optimum-cli export onnx --model DIR OUT/'")
-    start = _starter(program)
-    with hook(functions=args.functions, dedupe=not args.no_dedupe,
-              strict=args.strict) as session:
-        status = _run_as_main(start, program)
+    main = _main_of(program)
+    try:
+        with _as_python_would(main), hook(functions=args.functions,
+                                          dedupe=not args.no_dedupe,
+                                          strict=args.strict) as session:
+            status = _run_as_main(main)
+    except _CannotStartError as e:  # python's own one line and status: nothing ran
+        print(f"{sys.executable}: {e}", file=sys.stderr)
+        return 1
     _summarize(session)
     return status
 
 
-def _starter(program: list[str]) -> Any:
+@dataclasses.dataclass(frozen=True)
+class _Main:
+    """PROGRAM as python starts it: a module (``-m``) or a script file, and its argv."""
+
+    argv: list[str]
+    module: str | None = None
+    script: Path | None = None  # absolute, as python makes ``__file__``
+
+
+class _CannotStartError(Exception):
+    """``-m MODULE`` names nothing runnable: python says so in one line and exits 1."""
+
+
+def _main_of(program: list[str]) -> _Main:
     """How to start PROGRAM as ``__main__``: a module, a script file, or a console script."""
     if program[0] == "-m":
         if len(program) < 2:
             common.usage_error("hook", "-m needs a module name")
-        module = program[1]
-        del program[0]  # argv[0] becomes the module name, as python -m shows it
-        return lambda: runpy.run_module(module, run_name="__main__", alter_sys=True)
+        return _Main(program[1:], module=program[1])  # argv[0]: the module's file, later
     target = program[0]
     path = Path(target) if os.sep in target or Path(target).is_file() else None
+    if path is None and target.endswith(".py"):
+        path = Path(target)  # a script, as python reads it: not looked up on PATH
     if path is None:
         # this interpreter's own scripts first: a venv's console scripts sit beside python
         search = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
@@ -72,12 +98,14 @@ def _starter(program: list[str]) -> Any:
         if found is None:
             raise fail(f"'{target}' is neither a file nor a program on PATH")
         path = Path(found)
+        program = [found, *program[1:]]  # argv[0] as a shell starting it gives it
     if not path.is_file():
-        raise fail(f"'{target}' is not a file")
+        raise fail(f"can't open file '{os.path.abspath(path)}': "
+                   f"{'it is not a file' if path.exists() else 'no such file'}")
     if not _is_python(path):
         raise fail(f"'{path}' is not a Python program: the hook acts only in this interpreter "
                    "(run a Python console script, a .py file or -m module)")
-    return lambda: runpy.run_path(str(path), run_name="__main__")
+    return _Main(program, script=Path(os.path.abspath(path)))
 
 
 def _is_python(path: Path) -> bool:
@@ -91,12 +119,33 @@ def _is_python(path: Path) -> bool:
     return first.startswith(b"#!") and b"python" in first
 
 
-def _run_as_main(start: Any, argv: list[str]) -> int:
-    """Run with ``sys.argv`` = the program's; SystemExit becomes the status, as Python does."""
-    saved = sys.argv
-    sys.argv = argv
+@contextlib.contextmanager
+def _as_python_would(main: _Main) -> Iterator[None]:
+    """``sys.path`` and ``sys.argv`` as ``python PROGRAM`` sets them, put back after:
+    the script's folder (symlinks resolved) or, for ``-m``, the current directory first
+    (``python -m onnx_modular`` took that one out for itself); none under ``python -P``."""
+    saved_path, saved_entries, saved_argv = sys.path, list(sys.path), sys.argv
+    if not sys.flags.safe_path:
+        first = os.getcwd() if main.script is None else os.path.dirname(
+            os.path.realpath(main.script))
+        sys.path.insert(0, first)
+    sys.argv = list(main.argv)
     try:
-        start()
+        yield
+    finally:
+        sys.path = saved_path
+        sys.path[:] = saved_entries
+        sys.argv = saved_argv
+
+
+def _run_as_main(main: _Main) -> int:
+    """Run as python runs it; SystemExit becomes the status, an exception its traceback
+    (the program's frames, as python prints them) and status 1."""
+    try:
+        if main.module is not None:
+            runpy.run_module(_runnable(main.module), run_name="__main__", alter_sys=True)
+        else:
+            _run_script(main.script)
     except SystemExit as e:
         if e.code is None:
             return 0
@@ -104,14 +153,76 @@ def _run_as_main(start: Any, argv: list[str]) -> int:
             return e.code
         print(e.code, file=sys.stderr)
         return 1
-    except OnnxModularError:
-        raise  # strict=True: one line, exit 2
-    except Exception:  # the program's own failure: its traceback and exit 1, as python shows it
-        traceback.print_exc()
+    except (OnnxModularError, _CannotStartError):
+        raise  # strict=True: one line, exit 2; -m naming nothing: python's line, exit 1
+    except Exception as e:  # the program's own failure: its traceback and exit 1
+        traceback.print_exception(type(e), e, _program_frames(e.__traceback__))
         return 1
-    finally:
-        sys.argv = saved
     return 0
+
+
+def _runnable(module: str) -> str:
+    """The module ``python -m module`` runs (``pkg.__main__`` for a package), or
+    :class:`_CannotStartError` with python's message; an error raised by a package that is
+    imported on the way is the program's own."""
+    if module.startswith("."):
+        raise _CannotStartError("Relative module names not supported")
+    try:
+        spec = importlib.util.find_spec(module)
+    except ImportError as e:
+        if e.name is None or (e.name != module and not module.startswith(e.name + ".")):
+            raise  # an import inside a package's __init__ failed: its traceback
+        raise _CannotStartError(f"Error while finding module specification for {module!r} "
+                           f"({type(e).__name__}: {e})") from e
+    except ValueError as e:  # an empty name, or a module without __spec__
+        raise _CannotStartError(f"Error while finding module specification for {module!r} "
+                           f"({type(e).__name__}: {e})") from e
+    if spec is None:
+        raise _CannotStartError(f"No module named {module}")
+    if spec.submodule_search_locations is not None:
+        if module == "__main__" or module.endswith(".__main__"):
+            raise _CannotStartError("Cannot use package as __main__ module")
+        try:
+            _runnable(module + ".__main__")
+        except _CannotStartError as e:
+            raise _CannotStartError(f"{e}; {module!r} is a package and cannot be directly "
+                               "executed") from None
+        return module
+    if spec.loader is None:
+        raise _CannotStartError(f"No code object available for {module}")
+    return module
+
+
+def _run_script(script: Path) -> None:
+    """Run a script file in a fresh ``__main__`` module, as python does: ``__file__``
+    absolute (as given, not resolved), no ``__spec__``, ``sys.modules['__main__']`` the
+    script's own module while it runs (pickle, multiprocessing)."""
+    with io.open_code(str(script)) as f:
+        source = f.read()
+    code = compile(source, str(script), "exec", dont_inherit=True)
+    module = types.ModuleType("__main__")
+    module.__dict__.update(__file__=str(script), __cached__=None, __spec__=None,
+                           __package__=None, __builtins__=builtins,
+                           __loader__=importlib.machinery.SourceFileLoader("__main__",
+                                                                           str(script)))
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = module
+    try:
+        exec(code, module.__dict__)
+    finally:
+        if saved is not None:
+            sys.modules["__main__"] = saved
+
+
+#: Files whose frames come before the program's: this launcher's and runpy's.
+_LAUNCHER_FILES = frozenset({__file__, runpy.run_module.__code__.co_filename})
+
+
+def _program_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """The traceback from the program's first frame on (python shows no launcher frame)."""
+    while tb is not None and tb.tb_frame.f_code.co_filename in _LAUNCHER_FILES:
+        tb = tb.tb_next
+    return tb
 
 
 def _summarize(session: HookSession) -> None:
