@@ -543,6 +543,17 @@ def ort_contrib_operator_names() -> frozenset[str]:
 
 
 @functools.cache
+def ort_operator_domains() -> frozenset[str]:
+    """Every operator domain the installed onnxruntime defines kernels' schemas for."""
+    try:
+        from onnxruntime.capi import _pybind_state
+
+        return frozenset(s.domain for s in _pybind_state.get_all_operator_schema())
+    except (ImportError, AttributeError, RuntimeError):
+        return frozenset({"", "ai.onnx.ml", "com.microsoft"})
+
+
+@functools.cache
 def _ir_save_parameters() -> frozenset[str]:
     import inspect
 

@@ -11,6 +11,7 @@ provider that is not installed, a model ORT rejects) becomes a one-line
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from collections.abc import Sequence
@@ -22,6 +23,7 @@ import onnx
 from google.protobuf.descriptor import FieldDescriptor
 from onnx.external_data_helper import ExternalDataInfo
 
+from onnx_modular._compat import ort_operator_domains
 from onnx_modular.diagnostics import OnnxModularError
 from onnx_modular.errors import fail, rules
 
@@ -207,6 +209,46 @@ def _check_external_data(proto: onnx.ModelProto, folder: Path) -> None:
                              f"({end}): truncated")
 
 
+def undefined_calls(proto: onnx.ModelProto) -> list[str]:
+    """Nodes calling what neither the model's functions nor a known operator domain define:
+    ``onnx.version_converter`` drops every local function and leaves their calls behind, a
+    file ``check_model(full_check=True)`` passes and ONNX Runtime refuses."""
+    known = _operator_domains()
+    local = {(f.domain, f.name) for f in proto.functions}
+    found: list[str] = []
+
+    def walk(nodes: Any, where: str) -> None:
+        for node in nodes:
+            if node.domain not in known and (node.domain, node.op_type) not in local:
+                found.append(f"'{node.name or node.op_type}' ({node.domain}::{node.op_type}) "
+                             f"in {where}")
+            for attr in node.attribute:
+                for graph in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                    walk(graph.node, where)
+
+    walk(proto.graph.node, "the main graph")
+    for function in proto.functions:
+        walk(function.node, f"function {function.name}")
+    return found
+
+
+@functools.cache
+def _operator_domains() -> frozenset[str]:
+    onnx_domains = {s.domain for s in onnx.defs.get_all_schemas_with_history()}
+    return frozenset({"ai.onnx", *onnx_domains, *ort_operator_domains()})
+
+
+def require_defined_calls(proto: onnx.ModelProto, label: str) -> None:
+    """One line, naming the first call, for a model calling functions it does not hold."""
+    missing = undefined_calls(proto)
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise fail(f"'{label}' calls a function it does not define: {missing[0]}{more}. A "
+                   "tool dropped its functions (onnx.version_converter does): run that tool "
+                   "on the flat model (export --flat), then 'outline' its result",
+                   rules.BAD_INPUT)
+
+
 def load_model(onnx_model: OnnxModelSource, what: str = "ONNX model") -> LoadedModel:
     """A path, an ``onnx.ModelProto`` or anything with ``.model_proto`` (an export result).
 
@@ -244,6 +286,7 @@ def load_model(onnx_model: OnnxModelSource, what: str = "ONNX model") -> LoadedM
         if field is not None:
             raise fail(f"cannot read {what} '{path}': not a valid ONNX file (a {field} "
                        "holds bytes that are not UTF-8 text)")
+        require_defined_calls(proto, str(path))
         return LoadedModel(proto, str(path), path, external_files=external)
     raise fail(f"{what} must be a path, an onnx.ModelProto or an export result with "
                f".model_proto, got {type(onnx_model).__name__}")
@@ -258,6 +301,7 @@ def _in_memory(proto: onnx.ModelProto, label: str, what: str) -> LoadedModel:
         raise fail(f"{what} {label} refers to external data ({', '.join(sorted(external))}) "
                    "but has no file to find it beside; pass the model's path, or load it "
                    "with onnx.load(path) (which reads the data in)")
+    require_defined_calls(proto, label)
     return LoadedModel(proto, label)
 
 

@@ -37,6 +37,7 @@ def load_onnx(path: str | os.PathLike[str], load_external_data: bool = True) -> 
     if field is not None:
         raise fail(f"'{file}' is not a readable ONNX model: a {field} holds bytes that are "
                    "not UTF-8 text")
+    runtime.require_defined_calls(model, str(file))
     return model
 
 

@@ -42,9 +42,17 @@ def _without_weights(model: ir.Model) -> Iterator[None]:
     for w in weights:
         graph.initializers.pop(w.name)  # type: ignore[arg-type]
     graph.inputs.extend(w for w in weights if w not in set(graph.inputs))
+    # a small tensor kept in a data file (a model saved with external data) is read in:
+    # inference cannot read data files
+    external = {w: w.const_value for w in order if w not in weights
+                and isinstance(w.const_value, ir.ExternalTensor)}
+    for w, tensor in external.items():
+        w.const_value = ir.Tensor(tensor.numpy(), name=w.name)
     try:
         yield
     finally:
+        for w, tensor in external.items():
+            w.const_value = tensor
         del graph.inputs[inputs:]
         graph.initializers.clear()
         for w in order:  # in their order: the file written after is the same bytes
