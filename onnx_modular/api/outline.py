@@ -22,20 +22,17 @@ from onnx_modular.api.export import ExportResult
 from onnx_modular.diagnostics import DiagnosticContext, OnnxModularError, records_failures
 from onnx_modular.emit.explain import annotate_differences
 from onnx_modular.emit.infra import calls_of_missing_functions, listed
-from onnx_modular.emit.inline import RebasingInlinePass
 from onnx_modular.emit.outline import OutlineReport, Select, outline_nodes
 from onnx_modular.emit.pipeline import EmitOptions
-from onnx_modular.emit.scopes import ScopeReport, node_chains, weights_next_to_readers
+from onnx_modular.emit.scopes import (
+    ScopeReport,
+    inline_labelled,
+    labels_by_tensor_name,
+    node_chains,
+    weights_next_to_readers,
+)
 from onnx_modular.emit.verify import verify
 from onnx_modular.errors import fail, rules
-from onnx_modular.metadata import (
-    CLASS_HIERARCHY,
-    LABELS,
-    META_CALL,
-    META_PATH,
-    META_TYPE,
-    NAME_SCOPES,
-)
 from onnx_modular.runtime import (
     LoadedModel,
     OnnxModelSource,
@@ -68,15 +65,21 @@ def outline(onnx_model: OnnxModelSource, functions: FunctionSelection = "all",
     select = options.selection()
     loaded = load_model(onnx_model, "model to outline")
     kept_flat: set[str] = set()  # op types ONNX Runtime cannot type inside a function
+    renamed = False  # initializers renamed out of the way of ORT's generated names
     while True:
         model = ir.load(str(loaded.path)) if loaded.path is not None \
             else ir.serde.deserialize_model(loaded.proto)
+        if renamed:
+            _rename_generated_initializers(model)
         with ctx.scope("Outline"):
             report, found = _outline_once(model, loaded, select, dedupe, reference, kept_flat)
             refused = _ort_refusal(model) if _has_foreign_ops(model) else None
         if refused is None:
             break
         op, reason = refused
+        if _REPLACED_TENSOR in reason and not renamed:
+            renamed = True
+            continue
         if op is None or op in kept_flat or len(kept_flat) >= _MAX_FLAT_OPS:
             raise fail(f"the outlined model of '{loaded.label}' does not load in ONNX Runtime "
                        f"(an onnx_modular defect: please report it): {reason}",
@@ -99,6 +102,23 @@ def outline(onnx_model: OnnxModelSource, functions: FunctionSelection = "all",
     return ExportResult(model, ctx.diagnostics, None, None, report)
 
 
+#: ONNX Runtime's fusions inside an inlined function name the initializers they add without
+#: looking at the main graph's: a model an ORT optimizer already wrote (its ``gemm_input_shape``)
+#: then fails to load with this.
+_REPLACED_TENSOR = "Attempt to replace the existing tensor"
+
+
+def _rename_generated_initializers(model: ir.Model) -> None:
+    """Initializers named as a tool generates names (no module path: ``gemm_input_shape``,
+    ``val_3``) get an ``om.`` prefix, out of the way of the names ORT generates again."""
+    graph = model.graph
+    for value in list(graph.initializers.values()):
+        if value.name and "." not in value.name and not value.is_graph_input():
+            graph.initializers.pop(value.name)
+            value.name = f"om.{value.name}"
+            graph.register_initializer(value)
+
+
 #: How many op types may be kept out of functions before outlining gives up.
 _MAX_FLAT_OPS = 8
 
@@ -110,7 +130,7 @@ def _outline_once(model: ir.Model, loaded: LoadedModel, select: Select | None, d
     outlined (nor the calls around them)."""
     _refuse_missing_functions(model, loaded.label)
     if model.functions:
-        _inline_existing(model)
+        inline_labelled(model)
     # shapes on every value, so that equal bodies key alike whatever value_info the tool
     # kept; inference failing leaves the model as it was
     ShapeInferencePass(check_type=False, strict_mode=False, data_prop=False)(model)
@@ -152,7 +172,7 @@ def _has_foreign_ops(model: ir.Model) -> bool:
                for n in nodes)
 
 
-_OP_IN_ERROR = re.compile(r"op_type:([A-Za-z0-9_]+), node name: [^)]*\): \[(?:Shape|Type)")
+_OP_IN_ERROR = re.compile(r"op_type:([A-Za-z0-9_]+), node name: [^)]*\)")
 
 
 def _ort_refusal(model: ir.Model) -> tuple[str | None, str] | None:
@@ -160,37 +180,25 @@ def _ort_refusal(model: ir.Model) -> tuple[str | None, str] | None:
     type inside a function (or None) and its first line."""
     try:
         make_session(ir.serde.serialize_model(model).SerializeToString(),
-                     "CPUExecutionProvider", fuse=False, what="the outlined model")
+                     "CPUExecutionProvider", what="the outlined model")
     except OnnxModularError as e:
-        text = str(e.__cause__ or e)
-        ops = [op for op in _OP_IN_ERROR.findall(text)]
+        full = str(e.__cause__ or e).strip()
+        ops = _OP_IN_ERROR.findall(full.splitlines()[0])  # the first failure: outermost
+        # call first, the op that failed last
+        if _REPLACED_TENSOR in full:
+            return None, _REPLACED_TENSOR
         return (ops[-1] if ops else None), first_line(e)
     return None
 
 
 def _labels_from(reference: OnnxModelSource, nodes: list[ir.Node]) -> int:
-    """Give each unlabelled node the labels of the reference node that wrote a tensor of
-    the same name (tools rewrite nodes but keep their tensors' names). Returns how many."""
+    """Labels of the reference's nodes by tensor name (:func:`labels_by_tensor_name`)."""
     loaded = load_model(reference, "reference model")
-    labels: dict[str, dict[str, str]] = {}
-    for node in loaded.proto.graph.node:
-        meta = {p.key: p.value for p in node.metadata_props
-                if p.key in (NAME_SCOPES, CLASS_HIERARCHY)}
-        if len(meta) == 2:
-            for name in node.output:
-                labels.setdefault(name, meta)
-    if not labels:
+    carried = labels_by_tensor_name(nodes, loaded.proto)
+    if carried is None:
         raise fail(f"the reference '{loaded.label}' carries no torch.onnx module labels "
                    "either: give the file torch.onnx.export(..., dynamo=True) wrote",
                    rules.UNSUPPORTED_INPUT)
-    carried = 0
-    for node in nodes:
-        if NAME_SCOPES in node.metadata_props:
-            continue
-        meta = next((labels[v.name] for v in node.outputs if v.name in labels), None)
-        if meta is not None:
-            node.metadata_props.update(meta)
-            carried += 1
     return carried
 
 
@@ -203,19 +211,3 @@ def _refuse_missing_functions(model: ir.Model, label: str) -> None:
                    f"({listed(missing)}); a tool dropped them (onnx.version_converter "
                    "does): run that tool on the flat model, then outline its result",
                    rules.UNSUPPORTED_INPUT)
-
-
-def _inline_existing(model: ir.Model) -> None:
-    """Inline the functions a model already holds, every copy labelled with its call. A
-    tool that stripped a call node's labels (onnxslim) usually kept its name, which is the
-    call id that outlining gave it: the labels are taken back from it."""
-    for node in model.graph.all_nodes():
-        function = model.functions.get(node.op_identifier())
-        if function is None or META_PATH in node.metadata_props or not node.name:
-            continue
-        if function.metadata_props.get(LABELS) is not None:
-            node.metadata_props[META_CALL] = node.name
-            node.metadata_props[META_PATH] = node.name.split("@", 1)[0]
-            node.metadata_props[META_TYPE] = function.doc_string or function.name
-    RebasingInlinePass()(model)
-    model.functions.clear()

@@ -6,10 +6,12 @@ same labels, absolute per copy. That is the whole hierarchy, except three things
 after export (a quantizer, ORT's transformers optimizer, an fp16 converter, a slimmer) or the
 labels themselves leave open:
 
-- **nodes without labels**, added or fused by the tool: each takes the module of the labelled
-  nodes that read what it writes (a ``DynamicQuantizeLinear`` belongs with the ``MatMul`` it
-  quantizes for), their lowest common ancestor when several modules read it (a fusion that
-  spans modules); a node nobody labelled reads takes the common ancestor of its producers;
+- **nodes without labels**, added or fused by the tool: one writing a tensor named after an
+  FX node takes that FX node's module (tools keep the names of the tensors they rewrite);
+  else each takes the module of the labelled nodes that read what it writes (a
+  ``DynamicQuantizeLinear`` belongs with the ``MatMul`` it quantizes for), their lowest
+  common ancestor when several modules read it (a fusion that spans modules); a node nobody
+  labelled reads takes the common ancestor of its producers;
 - **calls of one module** (a module run twice, in a loop): the labels name the module, not
   the call. A module's nodes that a path through other modules separates are several calls
   (``path``, ``path@1``, ...), numbered in execution order;
@@ -24,10 +26,21 @@ import dataclasses
 import re
 from collections.abc import Iterable, Sequence
 
+import onnx
 import onnx_ir as ir
 
 from onnx_modular._util import common_prefix
-from onnx_modular.metadata import CLASS_HIERARCHY, NAME_SCOPES, CallInfo
+from onnx_modular.emit.inline import RebasingInlinePass
+from onnx_modular.emit.labels import scope_of
+from onnx_modular.metadata import (
+    CLASS_HIERARCHY,
+    LABELS,
+    META_CALL,
+    META_PATH,
+    META_TYPE,
+    NAME_SCOPES,
+    CallInfo,
+)
 
 _QUOTED = re.compile(r"'([^']*)'")
 _CALL_NUMBERS = re.compile(r"(?:@\d+)*$")
@@ -37,12 +50,14 @@ Frame = tuple[str, str]  # (module path, qualified class)
 
 def labelled_frames(node: ir.Node) -> tuple[Frame, ...] | None:
     """The modules torch.onnx's labels put ``node`` in, outermost first (the root module
-    and the FX node left out), or None where it carries no (consistent) labels."""
+    and the FX node left out), else those of our call labels; None where it carries none
+    (or inconsistent ones)."""
     scopes = _QUOTED.findall(node.metadata_props.get(NAME_SCOPES, ""))
     classes = _QUOTED.findall(node.metadata_props.get(CLASS_HIERARCHY, ""))
-    if len(scopes) < 2 or len(scopes) != len(classes):
-        return None
-    return tuple(zip(scopes[1:-1], classes[1:-1], strict=True))
+    if len(scopes) >= 2 and len(scopes) == len(classes):
+        return tuple(zip(scopes[1:-1], classes[1:-1], strict=True))
+    chain = scope_of(node)  # a node our inliner gave its call's labels
+    return tuple((p, c) for p, c in chain if p) if chain else None
 
 
 def weights_next_to_readers(graph: ir.Graph) -> None:
@@ -110,6 +125,7 @@ def node_chains(nodes: Sequence[ir.Node]) -> tuple[list[tuple[CallInfo, ...]], S
     frames: list[tuple[Frame, ...] | None] = [labelled_frames(n) for n in nodes]
     labelled = [f is not None for f in frames]
     report.labelled = sum(labelled)
+    _by_tensor_name(nodes, frames)
     index = {node: i for i, node in enumerate(nodes)}
     producers = [[index[p] for v in node.inputs if v is not None
                   and (p := v.producer()) is not None and p in index] for node in nodes]
@@ -124,6 +140,26 @@ def node_chains(nodes: Sequence[ir.Node]) -> tuple[list[tuple[CallInfo, ...]], S
     placed = [f if f is not None else () for f in frames]
     calls = _Calls(placed, labelled, producers, consumers, report)
     return calls.run(), report
+
+
+def _by_tensor_name(nodes: Sequence[ir.Node], frames: list[tuple[Frame, ...] | None]) -> None:
+    """An unlabelled node writing a tensor named after an FX node that labelled nodes came
+    from takes their module: tools keep the names of the tensors they rewrite the nodes of
+    (quantize_dynamic's ``DequantizeLinear`` after a quantized ``Gather`` writes the
+    ``Gather``'s old output)."""
+    by_fx: dict[str, tuple[Frame, ...]] = {}
+    for node, chain in zip(nodes, frames):
+        if chain is not None:
+            scopes = _QUOTED.findall(node.metadata_props.get(NAME_SCOPES, ""))
+            if scopes:
+                by_fx.setdefault(scopes[-1], chain)
+    if not by_fx:
+        return
+    for i, node in enumerate(nodes):
+        if frames[i] is None:
+            found = next((by_fx[v.name] for v in node.outputs if v.name in by_fx), None)
+            if found is not None:
+                frames[i] = found
 
 
 def _infer(frames: list[tuple[Frame, ...] | None], producers: list[list[int]],
@@ -234,3 +270,44 @@ def _suffix(call_id: str) -> str:
     """``h.0@1`` -> ``@1``: a nested call inherits its parent's call numbers."""
     match = _CALL_NUMBERS.search(call_id)
     return match.group() if match else ""
+
+
+def labels_by_tensor_name(nodes: Sequence[ir.Node], reference: onnx.ModelProto) -> int | None:
+    """Give each unlabelled node the labels of the ``reference`` node that wrote a tensor
+    of the same name (tools rewrite nodes but keep their tensors' names: the version
+    converter, onnxsim and ORT's optimized-model file drop every label but keep them).
+    Returns how many nodes got labels; None when the reference carries none."""
+    labels: dict[str, dict[str, str]] = {}
+    for node in reference.graph.node:
+        meta = {p.key: p.value for p in node.metadata_props
+                if p.key in (NAME_SCOPES, CLASS_HIERARCHY)}
+        if len(meta) == 2:
+            for name in node.output:
+                labels.setdefault(name, meta)
+    if not labels:
+        return None
+    carried = 0
+    for node in nodes:
+        if NAME_SCOPES in node.metadata_props:
+            continue
+        meta = next((labels[v.name] for v in node.outputs if v.name in labels), None)
+        if meta is not None:
+            node.metadata_props.update(meta)
+            carried += 1
+    return carried
+
+
+def inline_labelled(model: ir.Model) -> None:
+    """Inline the functions a model already holds, every copy labelled with its call. A
+    tool that stripped a call node's labels (onnxslim) usually kept its name, which is the
+    call id that outlining gave it: the labels are taken back from it."""
+    for node in model.graph.all_nodes():
+        function = model.functions.get(node.op_identifier())
+        if function is None or META_PATH in node.metadata_props or not node.name:
+            continue
+        if function.metadata_props.get(LABELS) is not None:
+            node.metadata_props[META_CALL] = node.name
+            node.metadata_props[META_PATH] = node.name.split("@", 1)[0]
+            node.metadata_props[META_TYPE] = function.doc_string or function.name
+    RebasingInlinePass()(model)
+    model.functions.clear()
