@@ -1,7 +1,9 @@
 """Compare two ONNX models: structure after inlining, numerics on the same inputs, cost.
 
 A hierarchical model and its flat twin should inline to the same graph and compute the same
-values; ``compare`` shows both, plus file size and ONNX Runtime session and run time.
+values; ``compare`` shows both, plus file size and ONNX Runtime session and run time. Where
+both models name their modules, each module call's own error too (b's call on a's inputs,
+:mod:`~onnx_modular.check.module_diff`): the first module that computes other numbers.
 Equivalence is numerical (same input signature, outputs within tolerance); the structural
 figures (op histogram, node count, a topology hash that ignores names) say *where* two
 equivalent models differ in shape, or confirm they do not. The topology hash is the
@@ -23,6 +25,7 @@ from onnx_modular import runtime
 from onnx_modular.check.compare_report import CompareReport, ModelFacts, OutputDiff
 from onnx_modular.check.inputs import declared_inputs, index_ranges, input_signature, random_inputs
 from onnx_modular.check.inputs import feeds as bind_feeds
+from onnx_modular.check.module_diff import ModuleComparison, compare_modules, labelled_calls
 from onnx_modular.check.numerics import check_tolerances, check_value
 from onnx_modular.check.runners import Inputs, SessionRunner
 from onnx_modular.diagnostics import OnnxModularError
@@ -140,4 +143,21 @@ def compare(a: runtime.OnnxModelSource, b: runtime.OnnxModelSource, inputs: Any 
         for i, (x, y) in enumerate(zip(*values, strict=True)):
             c = check_value(y, x, rtol, atol)
             diffs.append(OutputDiff(i, outs_a[i], outs_b[i], c.dtype, c.rtol, c.atol, c.diff))
-    return CompareReport(fa, fb, diffs, chosen, reasons, drawn)
+        modules = _by_module(la, lb, dict(given), chosen, rtol, atol)
+    return CompareReport(fa, fb, diffs, chosen, reasons, drawn,
+                         modules=None if reasons else modules)
+
+
+def _by_module(la: runtime.LoadedModel, lb: runtime.LoadedModel, feeds: dict[str, Any],
+               provider: str, rtol: float | None, atol: float | None
+               ) -> ModuleComparison | None:
+    """Each module call's own error, where both models name their modules."""
+    a = labelled_calls(la)
+    b = labelled_calls(lb, reference=la.proto) if a is not None else None
+    if a is None or b is None:
+        return None
+    arrays = {name: runtime.to_feed(value) for name, value in feeds.items()}
+    try:
+        return compare_modules(a, b, arrays, provider, rtol, atol)
+    except OnnxModularError as e:  # the outputs' verdict stands; the table says why it is empty
+        return ModuleComparison([], note=f"not compared: {e.diagnostic.message}")

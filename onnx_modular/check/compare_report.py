@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from onnx_modular.check.module_diff import ModuleComparison
 from onnx_modular.check.numerics import Diff
 from onnx_modular.check.report import Report, md_table
 from onnx_modular.runtime import short_provider
@@ -63,6 +64,13 @@ class CompareReport(Report):
     reasons: list[str]
     #: What random inputs were drawn, one line per input (empty when inputs were given).
     inputs_drawn: list[str] = dataclasses.field(default_factory=list)
+    #: Each module call's own error, where both models name their modules (else None).
+    modules: ModuleComparison | None = None
+
+    @property
+    def first_mismatch(self) -> str | None:
+        """The first module call (innermost first) whose own error leaves tolerance."""
+        return self.modules.first_mismatch if self.modules is not None else None
 
     @property
     def equivalent(self) -> bool:
@@ -81,7 +89,9 @@ class CompareReport(Report):
                 "provider": self.provider, "reasons": self.reasons,
                 "inputs_drawn": list(self.inputs_drawn),
                 "a": self.a.to_dict(), "b": self.b.to_dict(),
-                "outputs": [o.to_dict() for o in self.outputs]}
+                "outputs": [o.to_dict() for o in self.outputs],
+                "first_mismatch": self.first_mismatch,
+                "modules": None if self.modules is None else self.modules.to_dict()}
 
     def summary(self) -> str:
         if self.equivalent:
@@ -89,7 +99,19 @@ class CompareReport(Report):
             return f"EQUIVALENT ({shape} after inlining)"
         bad = [f"output #{o.index} ({o.name_a}: max abs err {o.diff.max_abs:.3g})"
                for o in self.outputs if not o.diff.ok]
-        return "DIFFERENT: " + "; ".join(self.reasons + bad)
+        first = ([f"first diverging module: {self.first_mismatch}"]
+                 if self.first_mismatch else [])
+        return "DIFFERENT: " + "; ".join(self.reasons + bad + first)
+
+    _MOD_HEAD = ["module call", "class", "own max abs err", "own max rel err", "status"]
+
+    def _module_rows(self) -> list[list[str]]:
+        if self.modules is None:
+            return []
+        return [[r.call_id, r.module_type.rsplit(".", 1)[-1],
+                 f"{r.own.max_abs:.3g}" if r.own else "-",
+                 f"{r.own.max_rel:.3g}" if r.own else "-",
+                 r.note or ("ok" if r.ok else "FAIL")] for r in self.modules.rows]
 
     def _fact_rows(self) -> list[list[str]]:
         a, b = self.a, self.b
@@ -134,6 +156,14 @@ class CompareReport(Report):
         for row in self._output_rows():
             outs.add_row(*map(Text, row))
         parts: list[Any] = [facts, outs]
+        if self.modules is not None:
+            mods = Table(title="Modules, in the order they finish: model b's call on model a's "
+                         "inputs (its own error)", title_justify="left")
+            for h in self._MOD_HEAD:
+                mods.add_column(h)
+            for row in self._module_rows():
+                mods.add_row(*map(Text, row), style=None if row[-1] != "FAIL" else "red")
+            parts.append(mods if self.modules.rows else Text(self.modules.note, style="dim"))
         if self.inputs_drawn:
             parts.append(Text(self._drawn_line(), style="dim"))
         parts.append(Text(self.summary(), style="green" if self.equivalent else "bold red"))
@@ -146,6 +176,9 @@ class CompareReport(Report):
         lines = [f"# Compare {self.a.label} and {self.b.label}", "", f"**{self.summary()}**", ""]
         lines += [*md_table(["", "a", "b"], self._fact_rows()), ""]
         lines += md_table(self._OUT_HEAD, self._output_rows())
+        if self.modules is not None:
+            lines += ["", "## Modules (model b's call on model a's inputs)", ""]
+            lines += md_table(self._MOD_HEAD, self._module_rows())
         if self.inputs_drawn:
             lines += ["", self._drawn_line()]
         return "\n".join(lines) + "\n"

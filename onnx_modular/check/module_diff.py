@@ -1,0 +1,321 @@
+"""Module by module: where model b starts to compute other numbers than model a.
+
+Both models are inlined with their labels (a hierarchical file, an outlined one, or a flat
+torch.onnx export: every node names its module) and their nodes placed in module calls as
+``om.outline`` places them (:mod:`onnx_modular.emit.scopes`). Model a runs once, every
+call's inputs and outputs kept. Then every call of b that a has too runs on **a's values**
+of its inputs, in one session holding a copy of each call: its error is the call's **own**,
+what this module adds, not the drift it receives from the modules before it. fp32 against
+int8 or fp16 says which layer the quantization hurts; a changed weight names its layer.
+
+Tensors pair by name (tools keep tensor names as they rewrite nodes), else by position
+among the call's inputs or outputs; a call whose values cannot be paired is listed, not
+compared.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+from onnx_ir.passes.common import ShapeInferencePass
+
+from onnx_modular import runtime
+from onnx_modular.check.numerics import Diff, check_value
+from onnx_modular.diagnostics import OnnxModularError
+from onnx_modular.emit.scopes import inline_labelled, labels_by_tensor_name, node_chains
+
+__all__ = ["ModuleComparison", "ModuleRow", "compare_modules", "labelled_calls"]
+
+
+@dataclasses.dataclass
+class ModuleRow:
+    """One module call: b's own error on a's inputs (None: not compared, ``note`` says why)."""
+
+    call_id: str
+    module_type: str
+    own: Diff | None
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.own is None or self.own.ok
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"call_id": self.call_id, "module_type": self.module_type,
+                "own": None if self.own is None else self.own.to_dict(), "note": self.note}
+
+
+@dataclasses.dataclass
+class ModuleComparison:
+    """Every call of model a in the order calls finish (innermost first), and the first
+    whose own error leaves tolerance."""
+
+    rows: list[ModuleRow]
+    note: str = ""  # why there are no rows
+
+    @property
+    def first_mismatch(self) -> str | None:
+        return next((r.call_id for r in self.rows if not r.ok), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"first_mismatch": self.first_mismatch, "note": self.note,
+                "rows": [r.to_dict() for r in self.rows]}
+
+
+@dataclasses.dataclass
+class _Call:
+    """A module call of an inlined model: its nodes, and the values crossing its edge."""
+
+    call_id: str
+    module_type: str
+    nodes: list[ir.Node]
+    inputs: list[ir.Value]  # activations read from outside, first use first
+    outputs: list[ir.Value]  # values made inside and read outside (or model outputs)
+    end: int  # position of its last node: calls finish in this order
+
+
+@dataclasses.dataclass
+class _Labelled:
+    model: ir.Model
+    calls: dict[str, _Call]
+    config: dict[str, str]  # where ORT finds the model's external data
+
+
+def labelled_calls(loaded: runtime.LoadedModel, reference: onnx.ModelProto | None = None
+                   ) -> _Labelled | None:
+    """``loaded`` inlined with labels and cut into module calls; None when no node
+    carries module labels. ``reference``: a model whose labels its unlabelled nodes take
+    by tensor name (model a's, for model b: a quantizer's ``MatMulInteger`` chain ends in
+    the tensor the replaced ``Gemm`` wrote, and so stays in that ``Linear``)."""
+    model = ir.serde.deserialize_model(loaded.proto)
+    if loaded.path is not None:
+        ir.external_data.set_base_dir(model.graph, loaded.path.parent)
+    if model.functions:
+        inline_labelled(model)
+    ShapeInferencePass(check_type=False, strict_mode=False, data_prop=False)(model)
+    nodes = list(model.graph)
+    if reference is not None:
+        labels_by_tensor_name(nodes, reference)
+    chains, found = node_chains(nodes)
+    if not found.labelled:
+        return None
+    members: dict[str, list[int]] = {}
+    types: dict[str, str] = {}
+    for i, chain in enumerate(chains):
+        for call in chain:
+            members.setdefault(call.call_id, []).append(i)
+            types[call.call_id] = call.module_type
+    outputs = set(model.graph.outputs)
+    calls = {}
+    for call_id, indices in members.items():
+        inside = [nodes[i] for i in indices]
+        own = set(inside)
+        ins: dict[ir.Value, None] = {}
+        outs: dict[ir.Value, None] = {}
+        for node in inside:
+            for v in node.inputs:
+                if v is not None and v.producer() not in own and not v.is_initializer() \
+                        and not _constant(v):
+                    ins.setdefault(v)
+            for v in node.outputs:
+                if v in outputs or any(u.node not in own for u in v.uses()):
+                    outs.setdefault(v)
+        calls[call_id] = _Call(call_id, types[call_id], inside, list(ins), list(outs),
+                               indices[-1])
+    return _Labelled(model, calls, loaded.session_config())
+
+
+def _constant(value: ir.Value) -> bool:
+    """Made from initializers and constants alone (a copy of the call takes it along)."""
+    producer = value.producer()
+    if producer is None:
+        return value.is_initializer()
+    return all(v is None or _constant(v) for v in producer.inputs) and not any(
+        a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+        for a in producer.attributes.values() if not a.is_ref())
+
+
+def compare_modules(a: _Labelled, b: _Labelled, feeds: dict[str, np.ndarray], provider: str,
+                    rtol: float | None, atol: float | None) -> ModuleComparison:
+    """Each call of ``a`` (in finishing order) with b's own error on a's inputs."""
+    plan: Plan = []
+    rows: dict[str, ModuleRow] = {}
+    for call in sorted(a.calls.values(), key=lambda c: c.end):
+        rows[call.call_id] = row = ModuleRow(call.call_id, call.module_type, None)
+        other = b.calls.get(call.call_id)
+        if other is None:
+            row.note = "not in model b"
+            continue
+        fed = _pair(other.inputs, call.inputs)
+        wanted = _pair(other.outputs, call.outputs)
+        if fed is None or wanted is None:
+            row.note = (f"inputs/outputs differ ({len(call.inputs)}/{len(call.outputs)} in a, "
+                        f"{len(other.inputs)}/{len(other.outputs)} in b)")
+            continue
+        plan.append((call, other, fed, wanted))
+    needed = {v.name for _, _, fed, wanted in plan for v in (*fed, *wanted)}
+    values_a = _run_exposing(a, needed, feeds, provider)
+    results, own_outputs = _run_calls(b, plan, values_a, provider, rows)
+    for call, _, _, wanted in plan:
+        if call.call_id not in own_outputs:
+            continue
+        worst: Diff | None = None
+        for name, expected in zip(own_outputs[call.call_id], wanted, strict=True):
+            c = check_value(results[name], values_a[expected.name], rtol, atol,
+                            same_dtype=False)
+            if worst is None or (worst.ok and not c.diff.ok) or (
+                    worst.ok == c.diff.ok and c.diff.max_abs > worst.max_abs):
+                worst = c.diff
+        rows[call.call_id].own = worst
+    return ModuleComparison(list(rows.values()))
+
+
+Plan = list[tuple[_Call, _Call, list[ir.Value], list[ir.Value]]]
+
+
+def _run_calls(b: _Labelled, plan: Plan, values_a: dict[str, np.ndarray], provider: str,
+               rows: dict[str, ModuleRow]) -> tuple[dict[str, np.ndarray], dict[str, list[str]]]:
+    """b's planned calls on a's values, in one session; where ONNX Runtime refuses that
+    (a call of a quantized model reading int8 where a's reads float), each on its own, a
+    refused one noted in its row."""
+    if not plan:
+        return {}, {}
+    try:
+        model, feeds, outputs = _calls_on_a_values(b.model, plan, values_a)
+        return _run(model, feeds, provider, b.config), outputs
+    except OnnxModularError:
+        pass
+    results: dict[str, np.ndarray] = {}
+    outputs = {}
+    for entry in plan:
+        try:
+            model, feeds, one = _calls_on_a_values(b.model, [entry], values_a)
+            results.update(_run(model, feeds, provider, b.config))
+            outputs.update(one)
+        except OnnxModularError as e:
+            rows[entry[0].call_id].note = "not run on a's inputs: " + e.diagnostic.message[-160:]
+    return results, outputs
+
+
+def _pair(mine: Sequence[ir.Value], theirs: Sequence[ir.Value]) -> list[ir.Value] | None:
+    """For each of b's values at its call's edge, a's value at the same call's edge it
+    stands for: the one of the same name, else the one in the same place; None when they
+    cannot be paired (a name alone is not enough: an inlined copy may reuse the name of a
+    value of another call)."""
+    by_name = {v.name: v for v in theirs}
+    if all(v.name in by_name for v in mine):
+        return [by_name[v.name] for v in mine]
+    if len(mine) != len(theirs):
+        return None
+    return list(theirs)
+
+
+def _run_exposing(labelled: _Labelled, names: set[str], feeds: dict[str, np.ndarray],
+                  provider: str) -> dict[str, np.ndarray]:
+    """Run the model once with the values ``names`` as extra outputs."""
+    model = labelled.model
+    graph = model.graph
+    kept = list(graph.outputs)
+    present = {v.name for v in kept}
+    values = {v.name: v for node in graph for v in node.outputs}
+    values.update({v.name: v for v in graph.inputs})
+    extra = [values[n] for n in sorted(names) if n in values and n not in present
+             and not values[n].is_graph_input()]
+    graph.outputs.extend(extra)
+    try:
+        out = _run(model, {k: v for k, v in feeds.items()
+                           if k in {i.name for i in graph.inputs}}, provider,
+                   labelled.config)
+    finally:
+        graph.outputs.clear()
+        graph.outputs.extend(kept)
+    out.update(feeds)
+    return out
+
+
+def _calls_on_a_values(b: ir.Model, plan: Plan, values_a: dict[str, np.ndarray]
+                       ) -> tuple[onnx.ModelProto, dict[str, np.ndarray], dict[str, list[str]]]:
+    """One model holding a copy of each planned call of ``b``, its inputs fed from a."""
+    proto = ir.serde.serialize_model(b)
+    by_output = {o: n for n in proto.graph.node for o in n.output}
+    inputs: list[onnx.ValueInfoProto] = []
+    outputs: list[onnx.ValueInfoProto] = []
+    nodes: list[onnx.NodeProto] = []
+    feeds: dict[str, np.ndarray] = {}
+    own_outputs: dict[str, list[str]] = {}
+    initializers = {i.name for i in proto.graph.initializer}
+    for k, (_, other, fed, _) in enumerate(plan):
+        prefix = f"call{k}/"
+        edge = {v.name for v in other.inputs}
+        made = {o for node in other.nodes for o in (v.name for v in node.outputs)}
+        members = [by_output[next(v.name for v in n.outputs)] for n in other.nodes]
+        copied = _with_constants(members, by_output, made | edge, initializers)
+
+        def rename(name: str, prefix: str = prefix, edge: set[str] = edge,
+                   local: set[str] = made) -> str:
+            return prefix + name if name in edge or name in local else name
+
+        for node in copied:
+            clone = onnx.NodeProto()
+            clone.CopyFrom(node)
+            clone.name = prefix + node.name
+            clone.input[:] = [rename(n) if n else n for n in node.input]
+            clone.output[:] = [prefix + n if n else n for n in node.output]
+            made.update(node.output)
+            nodes.append(clone)
+        for value, source in zip(other.inputs, fed, strict=True):
+            array = _as_dtype(values_a[source.name], value.dtype)
+            feeds[prefix + value.name] = array
+            inputs.append(onnx.helper.make_tensor_value_info(
+                prefix + value.name, onnx.helper.np_dtype_to_tensor_dtype(array.dtype),
+                list(array.shape)))
+        own_outputs[plan[k][0].call_id] = [prefix + v.name for v in other.outputs]
+        outputs.extend(onnx.ValueInfoProto(name=prefix + v.name) for v in other.outputs)
+    graph = onnx.helper.make_graph(nodes, "own_calls", inputs, outputs,
+                                   list(proto.graph.initializer))
+    model = onnx.helper.make_model(graph, opset_imports=list(proto.opset_import),
+                                   ir_version=proto.ir_version)
+    return model, feeds, own_outputs
+
+
+def _as_dtype(array: np.ndarray, dtype: ir.DataType | None) -> np.ndarray:
+    """a's value in the float type b's call reads (fp32 into an fp16 model's call)."""
+    if dtype is None or not dtype.is_floating_point() or array.dtype.kind != "f":
+        return array
+    try:
+        return array.astype(dtype.numpy(), copy=False)
+    except TypeError:  # a type numpy lacks
+        return array
+
+
+def _with_constants(members: list[onnx.NodeProto], by_output: dict[str, onnx.NodeProto],
+                    known: set[str], initializers: set[str]) -> list[onnx.NodeProto]:
+    """The call's nodes and, before them, the constant nodes outside it they read."""
+    extra: list[onnx.NodeProto] = []
+    seen = {id(n) for n in members}
+    todo = [n for node in members for n in node.input if n and n not in known
+            and n not in initializers]
+    while todo:
+        name = todo.pop()
+        node = by_output.get(name)
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        extra.append(node)
+        todo.extend(n for n in node.input if n and n not in initializers)
+    return [*reversed(extra), *members]
+
+
+def _run(model: ir.Model | onnx.ModelProto, feeds: dict[str, np.ndarray], provider: str,
+         config: dict[str, str]) -> dict[str, np.ndarray]:
+    proto = model if isinstance(model, onnx.ModelProto) else ir.serde.serialize_model(model)
+    session, _ = runtime.make_session(proto.SerializeToString(), provider, config,
+                                      fuse=False, what="the module-by-module probe")
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, feeds), strict=True))
+

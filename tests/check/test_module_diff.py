@@ -1,0 +1,117 @@
+"""``compare`` module by module: each call of b on a's inputs, its own error, the first bad one."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import numpy_helper
+
+import onnx_modular as om
+from onnx_modular.lower.translate import quiet_torch_onnx
+from tests import models
+
+#: every test exports a model and runs ONNX Runtime sessions (seconds)
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore")]
+
+
+def flat(model: torch.nn.Module, args: tuple, path: Path) -> Path:
+    with quiet_torch_onnx(), torch.no_grad():
+        torch.onnx.export(model, args, dynamo=True).save(str(path))
+    return path
+
+
+def changed(proto: onnx.ModelProto, weight: str, delta: float = 0.5) -> onnx.ModelProto:
+    """A copy of ``proto`` with ``weight`` moved by ``delta`` (all of it: one row alone
+    could be one a ReLU zeroes on these inputs)."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    for init in copy.graph.initializer:
+        if init.name == weight:
+            array = numpy_helper.to_array(init).copy()
+            array += delta
+            init.CopyFrom(numpy_helper.from_array(array, init.name))
+            return copy
+    raise AssertionError(f"no initializer {weight}")
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    model = models.trained(models.Stack(3)).eval()
+    return flat(model, (torch.randn(2, 8),), tmp_path_factory.mktemp("stack") / "flat.onnx")
+
+
+def test_a_changed_weight_names_its_layer_first(stack: Path) -> None:
+    """Layer 1's weight moved: its Linear is the first call whose own error leaves
+    tolerance; the layer before it is fine, and the layer after it is fine *on its own*
+    (it only passes on what it received)."""
+    outlined = om.outline(stack).model_proto
+    rep = om.compare(outlined, changed(outlined, "layers.1.fc.weight"))
+    assert not rep.equivalent and rep.first_mismatch == "layers.1.fc"
+    rows = {r.call_id: r for r in rep.modules.rows}
+    assert rows["layers.0.fc"].ok and rows["layers.0"].ok
+    assert not rows["layers.1.fc"].ok and not rows["layers.1"].ok
+    assert rows["layers.2.fc"].ok and rows["layers.2"].ok  # fed a's inputs: no drift
+    assert "first diverging module: layers.1.fc" in rep.summary()
+    assert rep.to_dict()["first_mismatch"] == "layers.1.fc"
+
+
+def test_equal_models_have_every_module_ok(stack: Path) -> None:
+    rep = om.compare(stack, om.outline(stack).model_proto)
+    assert rep.equivalent and rep.first_mismatch is None
+    assert rep.modules is not None and all(r.own is not None and r.own.max_abs == 0
+                                           for r in rep.modules.rows)
+
+
+def test_fp32_against_int8_shows_what_each_layer_adds(stack: Path, tmp_path: Path) -> None:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantized = tmp_path / "int8.onnx"
+    quantize_dynamic(str(stack), str(quantized), weight_type=QuantType.QInt8)
+    rep = om.compare(stack, quantized)
+    rows = {r.call_id: r for r in rep.modules.rows}
+    assert {"layers.0.fc", "layers.1.fc", "layers.2.fc"} <= set(rows)
+    for i in range(3):  # every quantized Linear adds an error of its own, the norms none
+        assert rows[f"layers.{i}.fc"].own.max_abs > 0
+        assert rows[f"layers.{i}.norm"].own.max_abs == 0
+    assert rep.first_mismatch in (None, "layers.0.fc")
+
+
+def test_fp16_calls_are_fed_a_fp32_models_values(tmp_path: Path) -> None:
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    model, args = models.llama(2)
+    source = flat(model, args, tmp_path / "llama.onnx")
+    half = convert_float_to_float16(onnx.load(str(source)), keep_io_types=True)
+    rep = om.compare(source, half)
+    compared = [r for r in rep.modules.rows if r.own is not None]
+    assert len(compared) >= len(rep.modules.rows) - 2, [r.note for r in rep.modules.rows]
+    assert any(r.call_id == "model.layers.1.mlp" for r in compared)
+
+
+def test_models_without_labels_get_no_module_table(stack: Path) -> None:
+    bare = onnx.load(str(stack))
+    for node in bare.graph.node:
+        del node.metadata_props[:]
+    rep = om.compare(bare, bare)
+    assert rep.equivalent and rep.modules is None and rep.first_mismatch is None
+
+
+def test_the_command_line_prints_the_module_table(stack: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other.onnx"
+    onnx.save(changed(onnx.load(str(stack)), "layers.2.fc.weight"), str(other))
+    report = tmp_path / "rep.json"
+    cli = subprocess.run([sys.executable, "-m", "onnx_modular", "compare", str(stack),
+                          str(other), "--report", str(report)], capture_output=True, text=True,
+                         check=False)
+    assert cli.returncode == 1, cli.stderr
+    assert "first diverging module: layers.2.fc" in cli.stdout.replace("\n", " ")
+    import json
+    assert json.loads(report.read_text())["first_mismatch"] == "layers.2.fc"
+    assert np.isfinite(json.loads(report.read_text())["modules"]["rows"][0]["own"]
+                       ["max_abs_err"])
