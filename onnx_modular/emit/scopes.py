@@ -23,6 +23,7 @@ labels themselves leave open:
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from collections.abc import Iterable, Sequence
 
@@ -31,12 +32,13 @@ import onnx_ir as ir
 
 from onnx_modular._util import common_prefix
 from onnx_modular.emit.inline import RebasingInlinePass
-from onnx_modular.emit.labels import scope_of
+from onnx_modular.emit.labels import RELATIVE, scope_of
 from onnx_modular.metadata import (
     CLASS_HIERARCHY,
     LABELS,
     META_CALL,
     META_PATH,
+    META_SCOPE,
     META_TYPE,
     NAME_SCOPES,
     CallInfo,
@@ -299,15 +301,23 @@ def labels_by_tensor_name(nodes: Sequence[ir.Node], reference: onnx.ModelProto) 
 
 def inline_labelled(model: ir.Model) -> None:
     """Inline the functions a model already holds, every copy labelled with its call. A
-    tool that stripped a call node's labels (onnxslim) usually kept its name, which is the
-    call id that outlining gave it: the labels are taken back from it."""
-    for node in model.graph.all_nodes():
+    tool that stripped the labels (onnxslim: of call nodes and functions alike) usually kept
+    a call node's name, the call id outlining gave it, and a function's doc string, its
+    class: the labels are taken back from them."""
+    bodies = [n for f in model.functions.values() for n in f.all_nodes()]
+    for node in [*model.graph.all_nodes(), *bodies]:  # in a body a call's name is relative
         function = model.functions.get(node.op_identifier())
         if function is None or META_PATH in node.metadata_props or not node.name:
             continue
+        if function.metadata_props.get(LABELS) is None and "." in (function.doc_string or ""):
+            function.metadata_props[LABELS] = RELATIVE  # ours (a class in its doc), stripped
         if function.metadata_props.get(LABELS) is not None:
-            node.metadata_props[META_CALL] = node.name
-            node.metadata_props[META_PATH] = node.name.split("@", 1)[0]
-            node.metadata_props[META_TYPE] = function.doc_string or function.name
+            meta = node.metadata_props
+            meta[META_CALL] = node.name
+            meta[META_PATH] = node.name.split("@", 1)[0]
+            meta[META_TYPE] = function.doc_string or function.name
+            frame = [meta[META_PATH], meta[META_TYPE]]  # in a body: relative, as ours are
+            meta[META_SCOPE] = json.dumps([["", ""], frame] if node.graph is model.graph
+                                          else [frame])
     RebasingInlinePass()(model)
     model.functions.clear()

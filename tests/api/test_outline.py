@@ -347,3 +347,25 @@ def test_external_data_is_read_and_written(flat_files: dict, tmp_path: Path) -> 
     result.save(out, external_data_threshold=0)
     assert (out.parent / "model.onnx.data").exists() or any(out.parent.glob("*.data"))
     np.testing.assert_allclose(run(out, feeds)[0], run(source, feeds)[0], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("tool", ["onnxslim", "onnxsim"])
+def test_a_hierarchical_file_a_slimmer_stripped_of_labels_outlines_again(tool: str,
+                                                                         tmp_path: Path) -> None:
+    """onnxslim and onnxsim keep the functions but strip the call labels (onnxslim: the
+    functions' too): the call names and the functions' classes are enough to restore them."""
+    if not _has(tool):
+        pytest.skip(f"{tool} is not installed")
+    model, args = models.gpt2(2)
+    exported = om.export(model, args)
+    source, out = tmp_path / "hier.onnx", tmp_path / "slim.onnx"
+    exported.save(source)
+    TOOLS[tool][0](source, out, {})
+    assert not any(p.key.startswith("onnx_modular.") for n in onnx.load(str(out)).graph.node
+                   for p in n.metadata_props)
+    result = om.outline(out)
+    assert [(f.name, f.calls) for f in result.functions] == \
+        [(f.name, f.calls) for f in exported.functions]
+    feeds = feeds_for(source, args)
+    np.testing.assert_allclose(run(result.model_proto, feeds)[0], run(out, feeds)[0],
+                               atol=1e-6, rtol=0)
