@@ -628,15 +628,23 @@ def _order_as(root: torch.nn.Module, names: list[str]) -> None:
 
 
 def _add_guards(gm: torch.fx.GraphModule, program: torch.export.ExportedProgram) -> None:
-    """Check the inputs as ``program.module()`` does: its ``_guards_fn`` called first."""
+    """Check the inputs as ``program.module()`` does (its ``_guards_fn``), first thing.
+
+    A function call, not a submodule call: every ``call_module`` node of the result is a
+    module of the model with a graph and ``meta["val"]``, as in ``torch.export.unflatten``'s
+    (torch's own tests walk them so)."""
     generate_code(gm, recursive=False)  # the signature the guards bind inputs to
     guards = program_guards_fn(program, gm)
     if guards is None:
         return
-    gm._guards_fn = guards
+
+    def check_inputs(*inputs: Any) -> None:
+        guards(*inputs)
+
     placeholders = gm.graph.find_nodes(op="placeholder")
     with gm.graph.inserting_after(placeholders[-1]):
-        gm.graph.call_module("_guards_fn", tuple(placeholders))
+        node = gm.graph.call_function(check_inputs, tuple(placeholders))
+    node.meta["val"] = None
     gm.recompile()
 
 

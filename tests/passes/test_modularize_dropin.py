@@ -174,6 +174,24 @@ def _dynamic_batch(model: nn.Module, args: tuple) -> torch.export.ExportedProgra
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("name", ["stack", "gpt2"])
+def test_every_call_module_node_is_a_module_with_a_graph_and_meta_val(name: str) -> None:
+    """As torch's own unflatten tests walk ``unflatten``'s result: every ``call_module``
+    node, the input guard's included, calls a module with a graph and has ``meta["val"]``
+    (the guard was a ``GuardsFn`` submodule: no graph, no value)."""
+    model, args = _build(name)
+    gm = om.modularize(_export(model, args))
+    calls = [(gm, n) for n in gm.graph.nodes if n.op == "call_module"]
+    for module in gm.modules():
+        if isinstance(module, torch.fx.GraphModule) and module is not gm:
+            calls += [(module, n) for n in module.graph.nodes if n.op == "call_module"]
+    assert calls
+    for owner, node in calls:
+        assert hasattr(owner.get_submodule(str(node.target)), "graph"), node.name
+        assert "val" in node.meta, node.name
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["stack", "tangle", "gpt2", "conv_bn"])
 def test_input_guards_hold(name: str, assert_close) -> None:
     """An input the program was not made for raises as ep.module() does; one it was made
