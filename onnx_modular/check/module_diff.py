@@ -26,10 +26,14 @@ from onnx_ir.passes.common import ShapeInferencePass
 
 from onnx_modular import runtime
 from onnx_modular.check.numerics import Diff, check_value
+from onnx_modular.check.overlay import GRADIENT, log_error
+from onnx_modular.check.probe import node_id
 from onnx_modular.diagnostics import OnnxModularError
+from onnx_modular.emit.labels import absolute_call
 from onnx_modular.emit.scopes import inline_labelled, labels_by_tensor_name, node_chains
+from onnx_modular.metadata import META_CALL, META_PATH
 
-__all__ = ["ModuleComparison", "ModuleRow", "compare_modules", "labelled_calls"]
+__all__ = ["ModuleComparison", "ModuleRow", "compare_modules", "labelled_calls", "node_data"]
 
 
 @dataclasses.dataclass
@@ -319,3 +323,76 @@ def _run(model: ir.Model | onnx.ModelProto, feeds: dict[str, np.ndarray], provid
     names = [o.name for o in session.get_outputs()]
     return dict(zip(names, session.run(names, feeds), strict=True))
 
+
+
+def node_data(b: onnx.ModelProto, comparison: ModuleComparison) -> dict[str, Any]:
+    """Model Explorer node data for model b: ``log10`` of each call's own error, on its call
+    node (hierarchical b: in the main graph, or in the body of its parent's function, where
+    a body many calls share shows the worst of them), or on the nodes making its outputs
+    (flat b, the innermost call winning). The same ids and colors as ``validate``'s."""
+    own = {r.call_id: r.own for r in comparison.rows if r.own is not None}
+    picked: dict[tuple[str, str], tuple[int, float]] = {}  # (graph, node) -> (depth, value)
+
+    def put(graph: str, node: str, call_id: str) -> None:
+        diff = own.get(call_id)
+        if diff is None:
+            return
+        depth, value = call_id.count("."), log_error(diff.max_abs)
+        old = picked.get((graph, node))
+        if old is None or (depth, value) > old:
+            picked[(graph, node)] = (depth, value)
+
+    main = b.graph.name or "<main>"
+    if b.functions:
+        for i, node in enumerate(b.graph.node):
+            meta = {p.key: p.value for p in node.metadata_props}
+            if META_CALL in meta:
+                put(main, node_id(node, i), meta[META_CALL])
+        _nested_sites(b, own, put)
+    else:
+        chains, _ = node_chains(list(ir.serde.deserialize_graph(b.graph)))
+        nodes = list(b.graph.node)
+        readers: dict[str, set[int]] = {}
+        for i, node in enumerate(nodes):
+            for name in node.input:
+                readers.setdefault(name, set()).add(i)
+        outputs = {o.name for o in b.graph.output}
+        for i, (node, chain) in enumerate(zip(nodes, chains, strict=True)):
+            for call in chain:  # a node making one of the call's outputs
+                if any(o in outputs or any(call not in chains[r] for r in readers.get(o, ()))
+                       for o in node.output):
+                    put(main, node_id(node, i), call.call_id)
+    data: dict[str, Any] = {}
+    for (graph, node), (_, value) in sorted(picked.items()):
+        entry = data.setdefault(graph, {"name": "log10 own max abs error (b on a's inputs)",
+                                        "results": {}, "gradient": GRADIENT})
+        entry["results"][node] = {"value": value}
+    return data
+
+
+def _nested_sites(b: onnx.ModelProto, own: dict[str, Diff], put: Any) -> None:
+    """Call nodes inside function bodies, whose labels are relative: a body serves every
+    call of its function, so each of its call nodes stands for one call per caller."""
+    callers: dict[tuple[str, str], list[tuple[str, str]]] = {}  # function -> (path, call id)
+    for node in b.graph.node:
+        meta = {p.key: p.value for p in node.metadata_props}
+        if META_CALL in meta:
+            callers.setdefault((node.domain, node.op_type), []).append(
+                (meta.get(META_PATH, meta[META_CALL]), meta[META_CALL]))
+    todo = list(b.functions)
+    while todo:  # a body's calls are known once its callers' are (any order in the file)
+        ready = [f for f in todo if (f.domain, f.name) in callers]
+        if not ready:
+            break
+        function = ready[0]
+        todo.remove(function)
+        graph = f"[function]{function.domain}::{function.name}"
+        for i, node in enumerate(function.node):
+            meta = {p.key: p.value for p in node.metadata_props}
+            if META_CALL not in meta:
+                continue
+            for path, call_id in callers.get((function.domain, function.name), []):
+                inner = absolute_call(path, call_id, meta.get(META_PATH, meta[META_CALL]),
+                                      meta[META_CALL])
+                put(graph, node_id(node, i), inner[1])
+                callers.setdefault((node.domain, node.op_type), []).append(inner)

@@ -34,7 +34,11 @@ NAME = "log10 max abs error vs torch"
 
 
 def _value(error: CallError) -> float:
-    x = error.max_abs
+    return log_error(error.max_abs)
+
+
+def log_error(x: float) -> float:
+    """A max abs error as the overlay draws it: decades, floored, NaN/inf worst."""
     if math.isnan(x) or x == math.inf:
         return 10.0  # worse than any finite error worth drawing
     return round(max(FLOOR, math.log10(x)) if x > 0 else FLOOR, 3)

@@ -78,6 +78,14 @@ class _Relative:
                                                                               self.suffix)
 
 
+def absolute_call(parent_path: str, parent_call_id: str, relative_path: str,
+                  relative_call_id: str) -> tuple[str, str]:
+    """(path, call id) of a call node inside the body of ``parent_call_id``'s function,
+    whose labels are relative: ``attn`` under ``h.1@1`` -> (``h.1.attn``, ``h.1.attn@1``)."""
+    rel = _Relative(parent_path, parent_call_id)
+    return rel.add(relative_path), rel.add_call(relative_call_id)
+
+
 def call_scope(members: list[ir.Node], call: CallInfo,
                enclosing: Sequence[CallInfo] = ()) -> list[Frame]:
     """The chain of module calls from the root to ``call``, read off its members' labels;

@@ -105,13 +105,34 @@ def test_models_without_labels_get_no_module_table(stack: Path) -> None:
 def test_the_command_line_prints_the_module_table(stack: Path, tmp_path: Path) -> None:
     other = tmp_path / "other.onnx"
     onnx.save(changed(onnx.load(str(stack)), "layers.2.fc.weight"), str(other))
-    report = tmp_path / "rep.json"
+    report, overlay = tmp_path / "rep.json", tmp_path / "errors.json"
     cli = subprocess.run([sys.executable, "-m", "onnx_modular", "compare", str(stack),
-                          str(other), "--report", str(report)], capture_output=True, text=True,
-                         check=False)
+                          str(other), "--report", str(report), "--node-data", str(overlay)],
+                         capture_output=True, text=True, check=False)
     assert cli.returncode == 1, cli.stderr
     assert "first diverging module: layers.2.fc" in cli.stdout.replace("\n", " ")
     import json
     assert json.loads(report.read_text())["first_mismatch"] == "layers.2.fc"
     assert np.isfinite(json.loads(report.read_text())["modules"]["rows"][0]["own"]
                        ["max_abs_err"])
+    # flat b: the nodes making a call's outputs carry its own error (log10), in Model
+    # Explorer's node-data format; the changed layer is the reddest
+    (graph,) = json.loads(overlay.read_text()).values()
+    values = {name: v["value"] for name, v in graph["results"].items()}
+    worst = max(values, key=values.get)
+    node = next(n for n in onnx.load(str(other)).graph.node if n.name == worst)
+    assert "layers.2" in dict((p.key, p.value) for p in node.metadata_props)[
+        "pkg.torch.onnx.name_scopes"]
+
+
+def test_node_data_of_a_hierarchical_file_sits_on_call_nodes(stack: Path) -> None:
+    from onnx_modular.check.module_diff import node_data
+
+    outlined = om.outline(stack).model_proto
+    other = changed(outlined, "layers.1.fc.weight")
+    rep = om.compare(outlined, other)
+    data = node_data(other, rep.modules)
+    block = next(v for k, v in data.items() if k.endswith("::Block"))
+    assert set(block["results"]) >= {"fc", "norm"}  # the body's call nodes, by name
+    main = next(v for k, v in data.items() if not k.startswith("[function]"))
+    assert main["results"]["layers.1"]["value"] > main["results"]["layers.0"]["value"]
