@@ -586,3 +586,130 @@ def transformers_init_weights(owner: Any, module: Any) -> None:
     """``owner._init_weights(module)``: transformers' per-module initialization, which also
     computes non-persistent buffers (rotary ``inv_freq``) from the config."""
     owner._init_weights(module)
+
+
+# ---- onnxruntime's quantizers and transformers optimizer ---------------------------------------
+
+@contextlib.contextmanager
+def _replaced_attribute(owner: Any, name: str, make: Callable[[Any], Any]) -> Iterator[None]:
+    original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+    setattr(owner, name, make(original))
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+def _saving_through(saving: Callable[[Any, str], Callable[[str], None] | None], tool: str
+                    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A ``save_model_to_file(self, output_path, ...)`` that asks ``saving(self.model, tool)``
+    first and hands the written path to what it returns."""
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def save_model_to_file(self: Any, output_path: Any, *args: Any, **kwargs: Any) -> Any:
+            finish = saving(self.model, tool)
+            result = original(self, output_path, *args, **kwargs)
+            if finish is not None:
+                finish(os.fspath(output_path))
+            return result
+        return save_model_to_file
+    return make
+
+
+@contextlib.contextmanager
+def replaced_ort_quantization(prepare: Callable[[Any], Any],
+                              saving: Callable[[Any, str], Callable[[str], None] | None]
+                              ) -> Iterator[None]:
+    """ONNX Runtime's quantizers, seen where every entry passes (``quantize_dynamic``,
+    ``quantize_static``, ``quantize``, Optimum's ``ORTQuantizer``): classes and a module
+    global looked up at each call, so a function imported before still goes through them.
+
+    The ``ModelProto`` a quantizer (``BaseQuantizer``: ``ONNXQuantizer``, ``QDQQuantizer``)
+    or a calibrator (``CalibraterBase``) is given, and the one ``quantize_static``/
+    ``quantize_dynamic`` update the opset of (the version converter drops local functions),
+    goes through ``prepare(proto) -> proto``; ``ONNXModel.save_model_to_file`` asks
+    ``saving(proto, "quantized")`` first and calls what it returns with the written path.
+    """
+    from onnxruntime.quantization import base_quantizer, calibrate, onnx_model, quant_utils
+    from onnxruntime.quantization import quantize as quantize_module
+
+    def quantizer_init(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def __init__(self: Any, model: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807
+            original(self, prepare(model), *args, **kwargs)
+        return __init__
+
+    def calibrator_init(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807
+            original(self, *args, **kwargs)
+            prepared = prepare(self.model)
+            if prepared is not self.model:  # shapes of the inlined values, as ORT loads it
+                self.model = quant_utils.save_and_reload_model_with_shape_infer(prepared)
+        return __init__
+
+    def opset_update(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def update_opset_version(model: Any, *args: Any, **kwargs: Any) -> Any:
+            return original(prepare(model), *args, **kwargs)
+        return update_opset_version
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_replaced_attribute(base_quantizer.BaseQuantizer, "__init__",
+                                                quantizer_init))
+        stack.enter_context(_replaced_attribute(calibrate.CalibraterBase, "__init__",
+                                                calibrator_init))
+        if hasattr(quantize_module, "update_opset_version"):
+            stack.enter_context(_replaced_attribute(quantize_module, "update_opset_version",
+                                                    opset_update))
+        stack.enter_context(_replaced_attribute(onnx_model.ONNXModel, "save_model_to_file",
+                                                _saving_through(saving, "quantized")))
+        yield
+
+
+@contextlib.contextmanager
+def replaced_transformers_optimizer(
+        prepare: Callable[[Any], Any],
+        prepare_source: Callable[[Any], tuple[Any, Callable[[str | None], None]] | None],
+        saving: Callable[[Any, str], Callable[[str], None] | None]) -> Iterator[None]:
+    """ONNX Runtime's transformers optimizer (``optimize_model``, Optimum's ``ORTOptimizer``)
+    where every run passes: ``optimize_by_onnxruntime`` (a module global ``optimize_model``
+    looks up at each call) gets ``prepare_source(model)``'s source instead of its own, and
+    the callback that came with it gets the file it wrote (None when it wrote none); the
+    ``ModelProto`` an ``OnnxModel`` (every fusion optimizer) wraps goes through ``prepare``; its
+    ``save_model_to_file`` asks ``saving(proto, "optimized")`` first. Nothing happens where
+    the optimizer cannot be imported."""
+    try:
+        from onnxruntime.transformers import optimizer
+    except Exception:  # an ORT build without its transformers tools
+        yield
+        return
+
+    def by_onnxruntime(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def optimize_by_onnxruntime(onnx_model: Any = None, *args: Any, **kwargs: Any) -> Any:
+            prepared = prepare_source(onnx_model) if onnx_model is not None else None
+            if prepared is None:
+                return original(onnx_model, *args, **kwargs)
+            source, written = prepared
+            result = None
+            try:
+                result = original(source, *args, **kwargs)
+            finally:  # None: it failed or wrote nothing (no GPU: the source came back)
+                written(result if isinstance(result, str) and result != source else None)
+            return result
+        return optimize_by_onnxruntime
+
+    def model_init(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def __init__(self: Any, model: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807
+            original(self, prepare(model), *args, **kwargs)
+        return __init__
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_replaced_attribute(optimizer, "optimize_by_onnxruntime",
+                                                by_onnxruntime))
+        stack.enter_context(_replaced_attribute(optimizer.OnnxModel, "__init__", model_init))
+        stack.enter_context(_replaced_attribute(optimizer.OnnxModel, "save_model_to_file",
+                                                _saving_through(saving, "optimized")))
+        yield

@@ -12,6 +12,10 @@ is open, and each replacement acts only for the thread (contextvars context) tha
   call asked for.
 
 An export that stays flat says why in a :class:`HookWarning` (an error with ``strict=True``).
+
+ONNX Runtime's quantizers and transformers optimizer, run on a hierarchical model inside a
+hook, work on its inlined form and write their result outlined again
+(:mod:`onnx_modular.api.hook_tools`).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from onnx_modular._compat import (
     verify_onnx_program,
 )
 from onnx_modular.api.arguments import FunctionSelection
+from onnx_modular.api.hook_tools import Tools
 from onnx_modular.api.spine import emit_whole, lower_onnx_program, needs_calls
 from onnx_modular.api.torchscript_args import TorchScriptCall
 from onnx_modular.diagnostics import (
@@ -100,6 +105,9 @@ class HookSession:
     options: EmitOptions
     strict: bool
     exports: list[HookedExport] = dataclasses.field(default_factory=list)
+    #: files ONNX Runtime's quantizers or transformers optimizer wrote from a hierarchical
+    #: model (``api/hook_tools.py``): outlined again, or flat and why
+    rewrites: list[HookedExport] = dataclasses.field(default_factory=list)
     #: warnings held back while torch.onnx runs quietly (a dynamo=False call), given after
     pending: list[str] | None = None
 
@@ -108,6 +116,16 @@ class HookSession:
         if not self.strict:
             self.exports.append(HookedExport(path, (), reason, []))
         _warn_or_raise(self, f"this export stays flat: {reason}")
+
+    def tool_outlined(self, path: str, functions: tuple[str, ...],
+                      diagnostics: list[Diagnostic]) -> None:
+        """Record a tool's file outlined again."""
+        self.rewrites.append(HookedExport(path, functions, None, diagnostics))
+
+    def tool_stays_flat(self, path: str, reason: str) -> None:
+        """Record a tool's file left flat (its result, not its input); warn or raise."""
+        self.rewrites.append(HookedExport(path, (), reason, []))
+        _warn_or_raise(self, reason)
 
 
 #: The open hooks of this context, innermost last (per thread: a new thread starts empty).
@@ -390,6 +408,7 @@ def _install() -> None:
         if _users == 0:
             _installed.enter_context(replaced_torch_onnx_export(_hierarchical))
             _installed.enter_context(replaced_torchscript_export(_through_dynamo))
+            _installed.enter_context(Tools(_active).installed())
         _users += 1
 
 
