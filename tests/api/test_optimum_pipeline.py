@@ -111,3 +111,23 @@ def test_ort_model_export_true_is_hierarchical_and_generates_like_torch(tmp_path
     prompt = torch.tensor([[3, 1, 4, 1, 5]])
     expected = torch_model.generate(prompt, max_new_tokens=6, do_sample=False)
     assert torch.equal(ort_model.generate(prompt, max_new_tokens=6, do_sample=False), expected)
+
+
+def test_ortquantizer_in_a_hook_quantizes_and_keeps_the_layers(tmp_path) -> None:
+    """sentence-transformers' export_dynamic_quantized_onnx_model path: ORTQuantizer builds
+    ONNX Runtime's quantizer class itself; in a hook the file is quantized and outlined."""
+    from optimum.exporters.onnx import main_export
+    from optimum.onnxruntime import ORTQuantizer
+    from optimum.onnxruntime.configuration import AutoQuantizationConfig
+
+    source = _save(tmp_path, "bert")
+    with om.hook() as session:
+        main_export(str(source), tmp_path / "onnx", task="feature-extraction")
+        quantizer = ORTQuantizer.from_pretrained(tmp_path / "onnx")
+        quantizer.quantize(AutoQuantizationConfig.avx512_vnni(is_static=False),
+                           save_dir=tmp_path / "q")
+    path = tmp_path / "q" / "model_quantized.onnx"
+    assert [r.hierarchical for r in session.rewrites] == [True], session.rewrites
+    assert _calls(path, "BertLayer")[1] == LAYERS
+    flat = onnx.inliner.inline_local_functions(onnx.load(str(path)))
+    assert sum(n.op_type == "MatMulInteger" for n in flat.graph.node) > 0
