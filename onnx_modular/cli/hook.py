@@ -229,8 +229,14 @@ def _summarize(session: HookSession) -> None:
     exports = session.exports
     if not exports:
         common.err.print("onnx_modular hook: the program made no torch.onnx export")
-        return
-    common.err.print(f"onnx_modular hook: {len(exports)} export(s)")
+    else:
+        common.err.print(f"onnx_modular hook: {len(exports)} export(s)")
     for record in exports:
         style = "yellow" if record.flat_reason is not None else "green"
         common.err.print(f"  [{style}]{escape(str(record))}[/{style}]", highlight=False)
+    if session.rewrites:  # files a quantizer or optimizer wrote from a hierarchical model
+        common.err.print(f"onnx_modular hook: {len(session.rewrites)} file(s) quantized or "
+                         "optimized, then outlined again")
+        for record in session.rewrites:
+            style = "yellow" if record.flat_reason is not None else "green"
+            common.err.print(f"  [{style}]{escape(str(record))}[/{style}]", highlight=False)
