@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import onnx
@@ -58,6 +59,57 @@ def function_stats(model: onnx.ModelProto) -> list[FunctionStats]:
     return [FunctionStats(f.name, f.domain, len(f.node), calls[(f.domain, f.name)],
                           {p.key: p.value for p in f.metadata_props}.get(DIFFERS_FROM, ""))
             for f in model.functions]
+
+
+#: Ops of shape arithmetic: a value they make from shapes is a size, not data.
+_SHAPE_OPS = frozenset({"Shape", "Size", "Gather", "Squeeze", "Unsqueeze", "Concat", "Cast",
+                        "Reshape", "Slice", "Add", "Sub", "Mul", "Div", "Mod", "Max", "Min",
+                        "Neg", "Identity", "ReduceProd", "Constant"})
+
+
+def input_kinds(model: onnx.ModelProto) -> dict[str, list[str]]:
+    """Each function's inputs by what their first call passes: ``activation``, ``weight``
+    (an initializer, through any number of calls), ``size`` (shape arithmetic made from a
+    ``Shape``: what a compiler wants computed in the body instead) or ``constant``; an
+    input the body never reads is ``unused``."""
+    functions = {(f.domain, f.name): f for f in model.functions}
+    kinds: dict[str, list[str]] = {}
+
+    def walk(nodes: Sequence[onnx.NodeProto], known: dict[str, str]) -> None:
+        made = {out: node for node in nodes for out in node.output}
+        cache: dict[str, str] = {}
+
+        def kind(name: str) -> str:
+            if name in known:
+                return known[name]
+            if name not in cache:
+                node = made.get(name)
+                if node is None:
+                    cache[name] = "activation"
+                elif node.op_type == "Constant":
+                    cache[name] = "constant"
+                elif node.op_type == "Shape":
+                    cache[name] = "size"
+                else:
+                    cache[name] = "activation"  # first, in case of a cycle through it
+                    froms = [kind(i) for i in node.input if i]
+                    if node.op_type in _SHAPE_OPS and "size" in froms and all(
+                            k in ("size", "constant", "weight") for k in froms):
+                        cache[name] = "size"
+            return cache[name]
+
+        for node in nodes:
+            function = functions.get((node.domain, node.op_type))
+            if function is None or function.name in kinds:
+                continue
+            passed = [kind(name) if name else "activation" for name in node.input]
+            read = {i for n in function.node for i in n.input} | set(function.output)
+            kinds[function.name] = [k if name in read else "unused"
+                                    for name, k in zip(function.input, passed)]
+            walk(function.node, dict(zip(function.input, passed)))
+
+    walk(model.graph.node, {i.name: "weight" for i in model.graph.initializer})
+    return kinds
 
 
 def _all_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
@@ -119,16 +171,27 @@ def call_tree(model: onnx.ModelProto, max_children: int = 64) -> Tree:
 
 def function_table(model: onnx.ModelProto) -> Table:
     stats = function_stats(model)
+    kinds = input_kinds(model)
     explained = any(s.differs_from for s in stats)
     table = Table(title="Functions")
-    columns = ["function", "domain", "nodes", "call sites"] + (["differs from"] * explained)
+    columns = ["function", "domain", "nodes", "call sites", "inputs"] + (
+        ["differs from"] * explained)
     for column in columns:
         table.add_column(column, justify="right" if column in ("nodes", "call sites")
                          else "left")
     for s in sorted(stats, key=lambda s: (-s.calls, s.name)):
         table.add_row(Text(s.name), Text(s.domain), str(s.nodes), str(s.calls),
+                      Text(_kinds_text(kinds.get(s.name, []))),
                       *([Text(s.differs_from)] * explained))
     return table
+
+
+def _kinds_text(kinds: list[str]) -> str:
+    """``2 activations, 12 weights`` (sizes, constants and unused inputs named too)."""
+    counts = collections.Counter(kinds)
+    order = ("activation", "weight", "size", "constant", "unused")
+    return ", ".join(f"{counts[k]} {k}{'s' if counts[k] != 1 else ''}" for k in order
+                     if counts[k])
 
 
 def summary(model: onnx.ModelProto) -> dict[str, int]:

@@ -32,6 +32,7 @@ from onnx_modular.emit.infra import (
 )
 from onnx_modular.emit.labels import call_scope, relativize
 from onnx_modular.emit.parametrize import merge_scalar_variants
+from onnx_modular.emit.sizes import activations_of, derive, is_size
 from onnx_modular.metadata import (
     META_CALL,
     META_FX_OUTPUTS,
@@ -202,10 +203,11 @@ def _build_scopes(nodes: list[ir.Node], per_node: list[tuple[CallInfo, ...]]) ->
 
 
 class _Outliner:
-    def __init__(self, model: ir.Model, dedupe: bool) -> None:
+    def __init__(self, model: ir.Model, dedupe: bool, own_sizes: bool = False) -> None:
         self.model = model
         self.graph = model.graph
         self.dedupe = dedupe
+        self.own_sizes = own_sizes  # sizes a body reads recomputed in it (emit/sizes.py)
         self.by_key: dict[str, tuple[str, str]] = {}
         self.names: dict[tuple[str, str], int] = {}
         self.report = OutlineReport()
@@ -248,8 +250,10 @@ class _Outliner:
         if not outputs:
             self.report.skipped.append(info.call_id)
             return None
+        computed = self._own_sizes(inputs) if self.own_sizes else {}
 
-        call = ir.Node("", "", list(inputs), num_outputs=len(outputs), name=info.call_id,
+        call = ir.Node("", "", [v for v in inputs if v not in computed],
+                       num_outputs=len(outputs), name=info.call_id,
                        metadata_props={
                            META_PATH: info.module_path, META_TYPE: info.module_type,
                            META_CALL: info.call_id,
@@ -274,8 +278,10 @@ class _Outliner:
 
         self.graph.insert_before(members[0], call)
         self.graph.remove(members, safe=False)
-        body = ir.Graph(list(inputs.values()), outputs, nodes=members,
-                        opset_imports=self._opsets(members), name=info.call_id)
+        sizes = [n for nodes in computed.values() for n in nodes]
+        body = ir.Graph([new for old, new in inputs.items() if old not in computed], outputs,
+                        nodes=[*sizes, *members], opset_imports=self._opsets(members),
+                        name=info.call_id)
         if not _in_order(body):  # a size hoisted out of a child call follows that call
             body.sort()
         domain, name = self._function_for(info, body)
@@ -283,6 +289,20 @@ class _Outliner:
         self.report.calls += 1
         self.report.function_of_call[info.call_id] = name
         return call
+
+    def _own_sizes(self, inputs: dict[ir.Value, ir.Value]) -> dict[ir.Value, list[ir.Node]]:
+        """Sizes the call reads, recomputed from its own activations' shapes where they can
+        be (:mod:`.sizes`): ``inputs[size]`` becomes the body's own value, and the size is
+        no input of the function."""
+        activations = [(v, inputs[v]) for v in activations_of(inputs)]
+        computed: dict[ir.Value, list[ir.Node]] = {}
+        for value in list(inputs):
+            if activations and is_size(value):
+                nodes = derive(value, activations, value.name or f"size_{len(computed)}")
+                if nodes is not None:
+                    computed[value] = nodes
+                    inputs[value] = nodes[-1].outputs[0]
+        return computed
 
     def _function_for(self, info: CallInfo, body: ir.Graph) -> tuple[str, str]:
         key = graph_key(body) if self.dedupe else None
@@ -372,20 +392,23 @@ def _fx_of(value: ir.Value) -> str | None:
 
 
 def outline(model: ir.Model, chains: Mapping[str, tuple[CallInfo, ...]], *,
-            select: Select | None = None, dedupe: bool = True) -> OutlineReport:
-    """Outline ``model`` in place; ``select`` keeps some calls as functions (default: all)."""
+            select: Select | None = None, dedupe: bool = True,
+            own_sizes: bool = False) -> OutlineReport:
+    """Outline ``model`` in place; ``select`` keeps some calls as functions (default: all);
+    ``own_sizes``: each body computes the sizes it reads from its own activations."""
     nodes = list(model.graph)
-    return outline_nodes(model, nodes, chains_per_node(nodes, chains, select), dedupe=dedupe)
+    return outline_nodes(model, nodes, chains_per_node(nodes, chains, select), dedupe=dedupe,
+                         own_sizes=own_sizes)
 
 
 def outline_nodes(model: ir.Model, nodes: list[ir.Node], per_node: list[tuple[CallInfo, ...]],
-                  *, dedupe: bool = True) -> OutlineReport:
+                  *, dedupe: bool = True, own_sizes: bool = False) -> OutlineReport:
     """Outline ``model`` in place, given each main-graph node's calls (``nodes`` in graph
     order, ``per_node`` already narrowed to the calls that become functions)."""
     nodes, per_node = list(nodes), list(per_node)
     _localize_constants(model.graph, nodes, per_node)
     root = _build_scopes(nodes, per_node)
-    outliner = _Outliner(model, dedupe)
+    outliner = _Outliner(model, dedupe, own_sizes)
     outliner.run(root)
     return outliner.report
 
@@ -395,9 +418,10 @@ class Outline(EmitPass):
     ``report.outline``."""
 
     def __init__(self, chains: Chains, select: Select | None, dedupe: bool,
-                 report: HoldsOutlineReport) -> None:
+                 report: HoldsOutlineReport, own_sizes: bool = False) -> None:
         super().__init__()
         self.chains, self.select, self.dedupe, self.report = chains, select, dedupe, report
+        self.own_sizes = own_sizes
 
     def requires(self, model: ir.Model) -> None:
         if model.functions:  # outlining names every function; it would clash with these
@@ -409,7 +433,8 @@ class Outline(EmitPass):
         # it is inlined right after.
 
     def run(self, model: ir.Model) -> None:
-        self.report.outline = outline(model, self.chains, select=self.select, dedupe=self.dedupe)
+        self.report.outline = outline(model, self.chains, select=self.select, dedupe=self.dedupe,
+                                      own_sizes=self.own_sizes)
 
     def ensures(self, model: ir.Model) -> None:
         ensure_calls_resolve(self, model)

@@ -121,7 +121,8 @@ def _steps(options: EmitOptions, chains: Chains, weights: frozenset[str] | set[s
     if options.optimize:
         steps.append(FoldWeights(frozenset(weights), chains, select))
     if options.optimize or not options.flat:
-        steps.append(Outline(chains, select, options.dedupe, report))
+        steps.append(Outline(chains, select, options.dedupe, report,
+                             own_sizes=not options.flat))
     if options.optimize:
         steps.append(Optimize(options.avoid_ops))
         if options.dedupe and not options.flat:  # flat: everything is inlined right after

@@ -1,0 +1,156 @@
+"""Self-contained signatures: a size a body reads is computed in the body from its own
+activations, so a layer takes activations and weights only (issue 32)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+import torch
+
+import onnx_modular as om
+from onnx_modular.check.inspect import input_kinds
+from onnx_modular.emit.outline import outline
+from onnx_modular.emit.sizes import derive, is_size
+
+from .graphs import FLOAT, call, fx, model, run, weight
+
+
+def _dynamic(name: str, shape: list[object], dtype: ir.DataType = ir.DataType.FLOAT
+             ) -> ir.Value:
+    dims = [ir.SymbolicDim(d) if isinstance(d, str) else d for d in shape]
+    return ir.Value(name=name, type=ir.TensorType(dtype), shape=ir.Shape(dims))
+
+
+def _sized_blocks() -> tuple[ir.Model, dict]:
+    """``y = reshape(x @ w_i, [batch, 2, 2])`` twice, the batch size computed once at the
+    root (``Squeeze(Shape(x)[0:1])``, as torch.export's ``sym_size``) and read by both."""
+    x = _dynamic("x", ["b", 4])
+    shape = ir.node("Shape", [x], attributes={"start": 0, "end": 1}, name="n_shape")
+    shape.outputs[0].name, shape.outputs[0].type = "sym", ir.TensorType(ir.DataType.INT64)
+    shape.outputs[0].shape = ir.Shape([1])
+    nodes: list[ir.Node] = [shape]
+    target = ir.Value(name="two_two", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([2]),
+                      const_value=ir.tensor(np.array([2, 2], dtype=np.int64), name="two_two"))
+    size = fx("Concat", [shape.outputs[0], target], "size", (3,), axis=0)
+    size.outputs[0].type = ir.TensorType(ir.DataType.INT64)  # (fx's type object is shared)
+    nodes.append(size)
+    last, weights, chains = x, [], {"size": ()}
+    for i in range(2):
+        w = weight(f"layers.{i}.w", seed=i)
+        mm = fx("MatMul", [last, w], f"mm{i}", None)
+        mm.outputs[0].shape = ir.Shape([ir.SymbolicDim("b"), 4])
+        re = fx("Reshape", [mm.outputs[0], size.outputs[0]], f"re{i}", None)
+        re.outputs[0].shape = ir.Shape([ir.SymbolicDim("b"), 2, 2])
+        flat = fx("Reshape", [re.outputs[0], _minus_one(f"flat{i}")], f"fl{i}", None)
+        flat.outputs[0].shape = ir.Shape([ir.SymbolicDim("b"), 4])
+        nodes += [mm, re, flat]
+        weights.append(w)
+        chains.update({f"mm{i}": (call(f"layers.{i}"),), f"re{i}": (call(f"layers.{i}"),),
+                       f"fl{i}": (call(f"layers.{i}"),)})
+        last = flat.outputs[0]
+    weights += [target] + [n.inputs[1] for n in nodes if n.name.startswith("n_fl")]
+    return model([x], [last], nodes, weights), chains
+
+
+def _minus_one(name: str) -> ir.Value:
+    return ir.Value(name=name, type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([2]),
+                    const_value=ir.tensor(np.array([-1, 4], dtype=np.int64), name=name))
+
+
+def test_a_size_read_by_calls_is_computed_in_their_body() -> None:
+    m, chains = _sized_blocks()
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    (want,) = run(m, x=x)
+    outline(m, chains, own_sizes=True)
+    (block,) = m.functions.values()  # both calls, one function
+    calls = [n for n in m.graph if n.op_identifier() in m.functions]
+    assert len(calls) == 2 and all("size" not in [v.name for v in c.inputs] for c in calls)
+    assert len(block.inputs) == 3  # the activation, its weight, the flattening constant
+    assert any(n.op_type == "Shape" and n.inputs[0] is block.inputs[0] for n in block)
+    for rows in (3, 7):  # another batch than the one seen: the body's own shape
+        x = np.random.default_rng(rows).standard_normal((rows, 4)).astype(np.float32)
+        (got,) = run(m, x=x)
+        assert got.shape == (rows, 4)
+    np.testing.assert_array_equal(run(m, x=np.ones((3, 4), np.float32))[0].shape, (3, 4))
+    assert want.shape == (3, 4)
+
+
+def test_without_it_the_size_is_an_input() -> None:
+    m, chains = _sized_blocks()
+    outline(m, chains)
+    calls = [n for n in m.graph if n.op_identifier() in m.functions]
+    assert all("size" in [v.name for v in c.inputs] for c in calls)
+
+
+def test_a_size_from_anything_but_shapes_stays_an_input() -> None:
+    """A size read from data (an index tensor's values) cannot be recomputed from shapes."""
+    data = _dynamic("ids", ["b"], ir.DataType.INT64)
+    node = ir.node("ReduceMax", [data], attributes={"keepdims": 1}, name="n_max")
+    node.outputs[0].type = ir.TensorType(ir.DataType.INT64)
+    node.outputs[0].shape = ir.Shape([1])
+    assert is_size(node.outputs[0])
+    activation = _dynamic("h", ["b", 4])
+    assert derive(node.outputs[0], [(activation, activation)], "s") is None
+
+
+def test_a_dimension_no_activation_has_stays_an_input() -> None:
+    x = _dynamic("x", ["b", 4])
+    shape = ir.node("Shape", [x], name="n_shape")
+    shape.outputs[0].type = ir.TensorType(ir.DataType.INT64)
+    shape.outputs[0].shape = ir.Shape([2])
+    other = _dynamic("h", ["s", 4])
+    assert derive(shape.outputs[0], [(other, other)], "s") is None
+    same = _dynamic("h2", [4, "b"])
+    nodes = derive(shape.outputs[0], [(same, same)], "s")
+    assert nodes is not None and nodes[-1].outputs[0].name == "s"
+    assert FLOAT  # the graphs helper module is the one the other emit tests use
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, layer, inputs", [("gpt2", "GPT2Block", 14),
+                                                ("llama", "LlamaDecoderLayer", 13)])
+def test_decoder_layers_take_activations_and_weights_only(name: str, layer: str, inputs: int
+                                                          ) -> None:
+    """Dynamic batch and sequence: the layer's inputs are its activations and its weights
+    (no size, none unused), one function for every layer, and the model runs at sizes
+    other than the example's as torch does."""
+    from tests import models
+
+    model, args = getattr(models, name)(2)
+    batch, seq = torch.export.Dim("batch", min=1, max=32), torch.export.Dim("seq", min=2, max=32)
+    result = om.export(model, args, dynamic_shapes=({0: batch, 1: seq},))
+    kinds = input_kinds(result.model_proto)
+    (found,) = [f for f in result.functions if f.name.startswith(layer)]
+    assert len(found.calls) == 2 and len(kinds[found.name]) == inputs
+    for function, kind in kinds.items():
+        assert "size" not in kind and "unused" not in kind, (function, kind)
+    _no_size_from_an_input(result.model)
+    import onnxruntime as ort
+    session = ort.InferenceSession(result.model_proto.SerializeToString())
+    for shape in [(3, 5), (1, 9)]:
+        ids = torch.randint(0, 99, shape)
+        want = model(ids)
+        want = (want[0] if isinstance(want, tuple) else want).detach().numpy()
+        (got, *_) = session.run(None, {session.get_inputs()[0].name: ids.numpy()})
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-4)
+
+
+def _no_size_from_an_input(model: ir.Model) -> None:
+    """No Range, Reshape, Expand or ConstantOfShape of a body takes its size from a
+    function input other than through a Shape of it."""
+    sized = {"Range": [0, 1, 2], "Reshape": [1], "Expand": [1], "ConstantOfShape": [0]}
+    for function in model.functions.values():
+        inputs = set(function.inputs)
+        for node in function:
+            for k in sized.get(node.op_type, []):
+                todo, seen = [node.inputs[k]], set()
+                while todo:
+                    value = todo.pop()
+                    if value is None or value in seen:
+                        continue
+                    seen.add(value)
+                    assert value not in inputs, (function.name, node.name)
+                    producer = value.producer()
+                    if producer is not None and producer.op_type != "Shape":
+                        todo.extend(producer.inputs)
