@@ -75,7 +75,7 @@ def fold_weights(model: ir.Model, weights: set[str] | frozenset[str] = frozenset
             _fold_weights(model)
     finally:
         held = release(model.graph, holds)
-    _small_initializers_to_constants(model.graph, weights | derived | held)
+    _small_initializers_to_constants(model.graph, weights | held, derived)
     _contiguous_when_written(model.graph)
 
 
@@ -84,9 +84,10 @@ _SHAPE_ONLY = frozenset({"Shape", "Size"})
 
 
 def _weight_derived(graph: ir.Graph, weights: set[str] | frozenset[str]) -> set[str]:
-    """Names of the floating-point values computed from a model weight's values (the folder
-    names a folded initializer after the value it replaces). Integer results (position ids
-    sliced from a buffer) are index tables, not weights: they stay in the bodies."""
+    """Names of the values computed from a model weight's values (the folder names a folded
+    initializer after the value it replaces). Unoptimized, torch.onnx leaves most values
+    untyped (a GroupNorm's ``Unsqueeze(weight)``), so the folded tensor's dtype decides
+    later (:func:`_small_initializers_to_constants`)."""
     derived = {v for name, v in graph.initializers.items() if name in weights}
     names: set[str] = set()
     for node in graph:
@@ -94,20 +95,25 @@ def _weight_derived(graph: ir.Graph, weights: set[str] | frozenset[str]) -> set[
             continue
         if any(v in derived for v in node.inputs if v is not None):
             derived.update(node.outputs)
-            names.update(v.name for v in node.outputs if v.name and v.dtype is not None
-                         and v.dtype.is_floating_point())
+            names.update(v.name for v in node.outputs if v.name)
     return names
 
 
-def _small_initializers_to_constants(graph: ir.Graph, weights: set[str] | frozenset[str]
+def _small_initializers_to_constants(graph: ir.Graph, weights: set[str] | frozenset[str],
+                                     derived: set[str] | frozenset[str] = frozenset()
                                      ) -> None:
+    """Small and splat initializers become Constant nodes, except ``weights`` and the
+    floating-point values ``derived`` from one. Integer results (position ids sliced from a
+    buffer) are index tables, not weights: they go into the bodies."""
     keep = set(graph.inputs) | set(graph.outputs)
     first = next(iter(graph), None)
     for name, value in list(graph.initializers.items()):
         tensor = value.const_value
         if (name in weights or value in keep or tensor is None or not value.uses()
+                or (name in derived and tensor.dtype.is_floating_point())
                 or not _is_small_or_splat(tensor)):
             continue
+
         constant = ir.node("Constant", [], attributes={"value": tensor}, name=f"{name}_const")
         constant.outputs[0].name = name
         constant.outputs[0].type, constant.outputs[0].shape = value.type, value.shape

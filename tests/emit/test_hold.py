@@ -85,9 +85,9 @@ def test_a_computed_constant_entering_one_call_of_a_class_is_held() -> None:
     assert order.index(hold) == order.index(nodes[1]) - 1  # just before its first use
 
 
-def test_nothing_is_held_for_plain_constants_inputs_or_other_places() -> None:
-    for kwargs in ({"first_input": "constant"}, {"first_input": "x"},
-                   {"second_path": "other.1"}, {"second_type": "pkg.Other"}):
+def test_nothing_is_held_for_inputs_or_other_places() -> None:
+    for kwargs in ({"first_input": "x"}, {"second_path": "other.1"},
+                   {"second_type": "pkg.Other"}):
         model, nodes, per_node = _layers(**kwargs)
         assert hold_varying_inputs(model.graph, nodes, per_node) == [], kwargs
 
@@ -123,3 +123,63 @@ def test_release_skips_a_hold_dead_code_removal_took() -> None:
     held.replace_all_uses_with(nodes[0].outputs[0])
     model.graph.remove(holds[0], safe=True)
     assert release(model.graph, holds) == set()
+
+
+def test_a_plain_constant_in_only_one_call_is_held_and_released_as_an_initializer() -> None:
+    """A Constant node entering ``layers.0`` where ``layers.1`` reads an activation would be
+    copied into ``layers.0``'s body; released, the call reads it as an initializer."""
+    model, nodes, per_node = _layers("constant")
+    holds = hold_varying_inputs(model.graph, nodes, per_node)
+    assert len(holds) == 1
+    kept = release(model.graph, holds)
+    source = nodes[1].inputs[0]
+    assert source.is_initializer() and kept == {source.name}
+    np.testing.assert_array_equal(source.const_value.numpy(), np.ones((2, 4), np.float32))
+    assert all(n.op_type not in ("Constant", "Hold") for n in model.graph)
+
+
+def _loop(start: str = "zeros") -> tuple[ir.Model, list[ir.Node], list[tuple]]:
+    """``h = zeros; for _ in range(3): h = step(x, h)``, ``step`` is ``x + h * 0.5``; as
+    torch.onnx writes it, the 0.5 is one Constant the first call makes and the next ones
+    read from there. ``start``: the zero state a Constant, or ``zeros_like(x)``."""
+    x = graphs.value("x")
+    nodes: list[ir.Node] = []
+    if start == "zeros":
+        nodes.append(ir.node("Constant", [], attributes={
+            "value": ir.tensor(np.zeros((2, 4), np.float32))}, name="zeros"))
+    else:
+        zero = ir.node("Constant", [], attributes={"value": ir.tensor(np.float32(0))})
+        cast = graphs.fx("CastLike", [zero.outputs[0], x], "cast", ())
+        shape = graphs.fx("Shape", [x], "shape", (2,))
+        nodes += [zero, cast, shape, graphs.fx("Expand", [cast.outputs[0], shape.outputs[0]],
+                                               "zeros_like")]
+    chains: list[tuple] = [()] * len(nodes)
+    half = ir.node("Constant", [], attributes={"value": ir.tensor(np.float32(0.5))})
+    h = nodes[-1].outputs[0]
+    for i in range(3):
+        step = graphs.call("step", "pkg.Step", "step" if i == 0 else f"step@{i}")
+        if i == 0:
+            nodes.append(half)
+            chains.append((step,))
+        mul = graphs.fx("Mul", [h, half.outputs[0]], f"mul{i}")
+        add = graphs.fx("Add", [x, mul.outputs[0]], f"add{i}")
+        nodes += [mul, add]
+        chains += [(step,), (step,)]
+        h = add.outputs[0]
+    return graphs.model([x], [h], nodes), nodes, chains
+
+
+def test_sites_align_where_torch_onnx_shares_a_constant_from_the_first_call() -> None:
+    """The first call makes the 0.5 its siblings read: their input lists differ, their
+    sites (node, input) do not, and the zero state entering the first call is held."""
+    model, nodes, chains = _loop()
+    (hold,) = hold_varying_inputs(model.graph, nodes, chains)
+    assert hold.inputs[0] is nodes[0].outputs[0]  # the zeros, not the shared 0.5
+
+
+def test_zeros_like_a_static_input_is_a_constant() -> None:
+    """``Expand(CastLike(0, x), Shape(x))``: a folder knows it without ``x``'s values."""
+    model, nodes, chains = _loop("zeros_like")
+    assert nodes[3].outputs[0] in _constants(model.graph)
+    (hold,) = hold_varying_inputs(model.graph, nodes, chains)
+    assert hold.inputs[0].name == "zeros_like"

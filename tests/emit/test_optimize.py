@@ -166,3 +166,51 @@ def test_finish_inlined_shares_one_initializer_per_constant_value() -> None:
     assert [n.op_type for n in m.graph] == ["Mul"] * 3
     assert len(m.graph.initializers) == 1
     np.testing.assert_array_equal(run(m, x=X)[0], X * 8)
+
+
+def test_an_untyped_value_computed_from_a_weight_is_a_weight_too() -> None:
+    """Unoptimized, torch.onnx leaves a GroupNorm's ``Unsqueeze(weight)`` untyped: small,
+    folded, it must still enter the call as an input, or each call gets its own body."""
+    x, w = value("x", (2, 4, 1)), weight("norm.weight", (4,))
+    axes = ir.node("Constant", [], attributes={"value": ir.tensor(np.array([1], np.int64))})
+    scale = fx("Unsqueeze", [w, axes.outputs[0]], "scale", None)
+    scale.outputs[0].type = None
+    y = fx("Mul", [x, scale.outputs[0]], "y", (2, 4, 1))
+    m = model([x], y.outputs, [axes, scale, y], [w])
+    fold_weights(m, {"norm.weight"})
+    assert [n.op_type for n in m.graph] == ["Mul"]
+    assert "scale" in m.graph.initializers
+
+
+def test_an_integer_table_sliced_from_a_weight_goes_into_the_body() -> None:
+    """Position ids sliced from a buffer are an index table, not a weight."""
+    ids = ir.Value(name="ids", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([8]),
+                   const_value=ir.tensor(np.arange(8, dtype=np.int64), name="ids"))
+    start, end = (ir.node("Constant", [], attributes={"value": ir.tensor(np.array([v]))})
+                  for v in (0, 4))
+    sliced = fx("Slice", [ids, start.outputs[0], end.outputs[0]], "sliced", None)
+    sliced.outputs[0].type = None
+    x = value("x", (8, 4))
+    table = fx("Gather", [x, sliced.outputs[0]], "y", (4, 4))
+    m = model([x], table.outputs, [start, end, sliced, table], [ids])
+    fold_weights(m, {"ids"})
+    assert "sliced" not in m.graph.initializers
+    assert any(n.op_type == "Constant" and n.outputs[0].name == "sliced" for n in m.graph)
+
+
+def test_a_loops_zero_state_stays_an_input_of_the_first_call() -> None:
+    """``h = zeros; for _ in range(3): h = step(x, h)``: folded into the first call, the
+    zero state would make it a function of its own (``Step: 4 inputs (vs 3)``)."""
+    from onnx_modular.emit.outline import outline
+    from onnx_modular.metadata import fx_name
+
+    from .test_hold import _loop
+
+    m, nodes, chains = _loop()
+    expected = run(m, x=X)[0]
+    fold_weights(m, frozenset(), chains)
+    by_fx = {fx_name(n): c for n, c in zip(nodes, chains, strict=True) if fx_name(n)}
+    report = outline(m, by_fx)
+    assert report.functions == 1 and report.calls == 3
+    assert all(len(n.inputs) == 2 for n in m.graph)  # x and h, the zeros an initializer
+    np.testing.assert_allclose(run(m, x=X)[0], expected, rtol=1e-6)
