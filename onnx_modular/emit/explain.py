@@ -9,8 +9,10 @@ be explained by a real difference; the reason is recorded on the function
 from __future__ import annotations
 
 import collections
+import hashlib
 from collections.abc import Iterable
 
+import numpy as np
 import onnx_ir as ir
 
 from onnx_modular.emit.infra import EmitPass
@@ -37,6 +39,23 @@ def _plain(value: object) -> str:
     if isinstance(value, (list, tuple)):
         return str(list(value))
     return repr(value)
+
+
+def _constants(function: ir.Function) -> list[tuple[str, str]]:
+    """The body's constant tensors: as shown, and by value (a large one shows only its dtype
+    and shape)."""
+    found = []
+    for node in function:
+        attr = node.attributes.get("value")
+        if not _is_constant(node) or attr is None or attr.is_ref():
+            continue
+        value = attr.value
+        digest = ""
+        if isinstance(value, ir.TensorProtocol):
+            array = np.ascontiguousarray(value.numpy())
+            digest = hashlib.blake2b(array.tobytes(), digest_size=16).hexdigest()
+        found.append((_plain(value), digest))
+    return sorted(found)
 
 
 def _counts(labels: Iterable[str]) -> collections.Counter[str]:
@@ -86,13 +105,17 @@ def differences(function: ir.Function, base: ir.Function,
                 text = f"{label} {name}={a} (vs {b})"
                 if text not in reasons:
                     reasons.append(text)
-    constants = sorted(_plain(n.attributes["value"].value) for n in function
-                       if _is_constant(n) and "value" in n.attributes)
-    base_constants = sorted(_plain(n.attributes["value"].value) for n in base
-                            if _is_constant(n) and "value" in n.attributes)
+    constants, base_constants = _constants(function), _constants(base)
     if constants != base_constants:
-        new = [c for c in constants if c not in base_constants][:2]
-        reasons.append("constants " + ", ".join(new) if new else "fewer constants")
+        new = [c for c in constants if c not in base_constants]
+        shown = [text for text, _ in new if text not in {t for t, _ in base_constants}]
+        if shown:
+            reasons.append("constants " + ", ".join(shown[:2]))
+        elif new:  # too large to show: same dtype and shape, other values
+            reasons.append("other values in constant " + ", ".join(
+                sorted({text for text, _ in new})[:2]))
+        else:
+            reasons.append("fewer constants")
     if not reasons:
         shapes = [str(v.shape) for v in function.inputs]
         base_shapes = [str(v.shape) for v in base.inputs]

@@ -79,3 +79,21 @@ def test_annotate_clears_a_stale_note_on_a_first_function() -> None:
     m = calling([first])
     assert annotate_differences(m) == {}
     assert DIFFERS_FROM not in first.metadata_props
+
+
+def _scaled(name: str, seed: int) -> ir.Function:
+    """``x * c``, ``c`` a 16-element Constant (a GroupNorm weight baked into the body)."""
+    x = value("x", (16, 1, 1))
+    array = np.random.default_rng(seed).standard_normal((16, 1, 1)).astype(np.float32)
+    c = ir.node("Constant", [], attributes={"value": ir.tensor(array)})
+    mul = ir.node("Mul", [x, c.outputs[0]])
+    graph = ir.Graph([x], mul.outputs, nodes=[c, mul], opset_imports={"": OPSET}, name=name)
+    f = ir.Function("pkg", name, graph=graph, attributes=[])
+    f.doc_string = "pkg.Block"
+    return f
+
+
+def test_large_constants_with_other_values_are_named() -> None:
+    """Too large to show, they differ in values: not "how the same ops are wired"."""
+    assert differences(_scaled("Block_1", 1), _scaled("Block", 0), {}) == \
+        ["other values in constant float32[16, 1, 1]"]
