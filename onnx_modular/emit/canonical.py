@@ -99,10 +99,10 @@ class _Keyer:
     # -- attributes --------------------------------------------------------------------------
 
     def _attr_key(self, attr: ir.Attr, outer: Mapping[ir.Value, Any]) -> Any:
+        if self.scalars and (is_scalar_attr(attr) or _is_scalar_ref(attr)):
+            return ("scalar", attr.type)
         if attr.is_ref():
             return ("ref", attr.ref_attr_name)
-        if self.scalars and is_scalar_attr(attr):
-            return ("scalar", attr.type)
         value = attr.value
         if attr.type in (ir.AttributeType.TENSOR, ir.AttributeType.SPARSE_TENSOR):
             return ("tensor", _tensor_key(value))
@@ -160,8 +160,10 @@ class _Keyer:
                 tokens[node.outputs[0]] = token(node.inputs[0])
                 continue
             if _is_constant(node):  # where a constant sits does not matter, only its value
-                if self.scalars and is_scalar_constant(node):
-                    tokens[node.outputs[0]] = ("scalar", str(node.outputs[0].dtype))
+                if self.scalars and (is_scalar_constant(node) or _is_ref_constant(node)):
+                    # by kind only: a parametrized body's reference carries no dtype, and
+                    # each call sets its value with its own
+                    tokens[node.outputs[0]] = ("scalar",)
                     continue
                 folded = self._folded_constant(node) if self.fold else None
                 tokens[node.outputs[0]] = folded if folded is not None else (
@@ -208,6 +210,18 @@ def is_scalar_attr(attr: ir.Attr) -> bool:
     return tensor.size == 1 and tensor.dtype.is_floating_point()
 
 
+def _is_scalar_ref(attr: ir.Attr) -> bool:
+    """A reference to a function's attribute of a scalar's type (a parametrized body)."""
+    return attr.is_ref() and attr.type in (ir.AttributeType.FLOAT, ir.AttributeType.TENSOR)
+
+
+def _is_ref_constant(node: ir.Node) -> bool:
+    """A Constant whose value the call sets (a parametrized body's scalar)."""
+    attr = node.attributes.get("value")
+    return _is_constant(node) and len(node.attributes) == 1 and attr is not None \
+        and _is_scalar_ref(attr)
+
+
 def is_scalar_constant(node: ir.Node) -> bool:
     """A Constant node holding one floating-point value (a clamp bound, a scale)."""
     attr = node.attributes.get("value")
@@ -228,7 +242,8 @@ def structural_key(graph: ir.Graph, *, signature: Signature = "shape",
     Constant nodes are keyed by value alike, so a model and its constant-folded twin key
     alike. ``constant_limit``: folded constants with more elements (weights) count by dtype
     and shape only. ``scalars``: float attributes and one-element float constants count by
-    type only (bodies that differ in such values alone key alike).
+    type only, references to a function's attributes like them (bodies that differ in such
+    values alone key alike, parametrized already or not).
     """
     return _Keyer(signature, order_free, fold, constant_limit, scalars).key(graph, {})
 

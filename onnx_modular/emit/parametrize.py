@@ -12,7 +12,7 @@ is parametrized in turn (``merge_equal_functions`` runs this to a fixpoint).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import onnx_ir as ir
@@ -44,16 +44,31 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _is_scalar_slot(attr: ir.Attr) -> bool:
+    """A float scalar: a literal, or a reference to the function's own attribute (a body
+    parametrized already; only this module writes references)."""
+    if attr.is_ref():
+        return attr.type in (ir.AttributeType.FLOAT, ir.AttributeType.TENSOR)
+    return is_scalar_attr(attr)
+
+
+def _is_scalar_source(node: ir.Node) -> bool:
+    """A Constant node holding one float value, or its parametrized form."""
+    attr = node.attributes.get("value")
+    return _is_constant(node) and len(node.attributes) == 1 and attr is not None \
+        and attr.type == ir.AttributeType.TENSOR and (attr.is_ref() or is_scalar_constant(node))
+
+
 def _candidates(function: ir.Function) -> list[Slot]:
     slots: list[Slot] = []
     for i, node in enumerate(_computing(function)):
         for name, attr in node.attributes.items():
-            if is_scalar_attr(attr):
+            if _is_scalar_slot(attr):
                 slots.append(("attr", i, name))
         for j, value in enumerate(node.inputs):
             producer = value.producer() if value is not None else None
             if producer is not None and producer.graph is function.graph \
-                    and is_scalar_constant(producer):
+                    and _is_scalar_source(producer):
                 slots.append(("const", i, j))
     return slots
 
@@ -68,25 +83,55 @@ def _value(nodes: list[ir.Node], slot: Slot) -> tuple[ir.Attr, ir.Node | None]:
     return producer.attributes["value"], producer
 
 
-def _parameters(group: Sequence[ir.Function]
-                ) -> list[tuple[list[Slot], ir.AttributeType, list[ir.Attr]]] | None:
-    """The values that differ: per parameter, its slots, type and value in each function;
-    None when one Constant of the first body would need two values in another."""
+def _resolve(attr: ir.Attr, call: ir.Node, function: ir.Function) -> ir.Attr | None:
+    """What ``attr`` of ``function``'s body is in ``call``: a literal, or a reference to the
+    attribute of the function the call sits in (passed on); None if nothing sets it."""
+    if not attr.is_ref():
+        return attr
+    assert attr.ref_attr_name is not None
+    given = call.attributes.get(attr.ref_attr_name)
+    if given is not None:
+        return given
+    default = function.attributes.get(attr.ref_attr_name)
+    return default if default is not None and default.value is not None else None
+
+
+def _comparable(attr: ir.Attr) -> Any:
+    return ("ref", attr.ref_attr_name) if attr.is_ref() else repr(_plain(attr.value))
+
+
+#: Per parameter: its slots, type, and its value in each call of the group's functions.
+Parameter = tuple[list[Slot], ir.AttributeType, list[ir.Attr]]
+
+
+def _parameters(group: Sequence[ir.Function],
+                calls: Mapping[ir.OperatorIdentifier, list[ir.Node]]
+                ) -> list[Parameter] | None:
+    """The values that differ: per parameter, its slots, type and value in every call of
+    the group's functions, in order; None when one Constant of the first body would need two
+    values in one call, or a call leaves a value unset."""
     bodies = [_computing(f) for f in group]
-    by_source: dict[Any, tuple[list[Slot], ir.AttributeType, list[ir.Attr]]] = {}
+    by_source: dict[Any, Parameter] = {}
     order: list[Any] = []
     for slot in _candidates(group[0]):
         found = [_value(nodes, slot) for nodes in bodies]
-        if len({repr(_plain(attr.value)) for attr, _ in found}) == 1:
-            continue
+        if not any(attr.is_ref() for attr, _ in found) \
+                and len({repr(_plain(attr.value)) for attr, _ in found}) == 1:
+            continue  # one literal everywhere
+        values: list[ir.Attr] = []
+        for function, (attr, _) in zip(group, found, strict=True):
+            for call in calls.get(function.identifier(), ()):
+                resolved = _resolve(attr, call, function)
+                if resolved is None:
+                    return None
+                values.append(resolved)
         constant = found[0][1]
         source = slot if constant is None else ("const", id(constant))  # one per Constant
         if source not in by_source:
-            by_source[source] = ([], found[0][0].type, [attr for attr, _ in found])
+            by_source[source] = ([], found[0][0].type, values)
             order.append(source)
-        slots, _, values = by_source[source]
-        if any(_plain(v.value) != _plain(a.value) for v, (a, _) in zip(values, found,
-                                                                      strict=True)):
+        slots, _, first = by_source[source]
+        if any(_comparable(a) != _comparable(b) for a, b in zip(first, values, strict=True)):
             return None  # a constant shared by two uses with values that differ apart
         slots.append(slot)
     return [by_source[s] for s in order]
@@ -104,55 +149,78 @@ def _name(slots: list[Slot], taken: set[str]) -> str:
     return name
 
 
-def _parametrize(group: Sequence[ir.Function], model: ir.Model) -> None:
-    parameters = _parameters(group)
-    assert parameters is not None
+def _named(name: str, kind: ir.AttributeType, value: ir.Attr) -> ir.Attr:
+    """A call's value under the parameter's name: a literal, or the caller's reference."""
+    if value.is_ref():
+        assert value.ref_attr_name is not None
+        return ir.RefAttr(name, value.ref_attr_name, kind)
+    return ir.Attr(name, kind, value.value)
+
+
+def _parametrize(group: Sequence[ir.Function], parameters: list[Parameter],
+                 calls: Mapping[ir.OperatorIdentifier, list[ir.Node]]) -> None:
     base = group[0]
     nodes = _computing(base)
     taken: set[str] = set()
-    calls: dict[ir.OperatorIdentifier, list[ir.Attr]] = {f.identifier(): [] for f in group}
+    given: dict[int, list[ir.Attr]] = {}  # id(call node) -> its values
+    base.attributes.clear()
     for slots, kind, values in parameters:
         name = _name(slots, taken)
         for slot in slots:
-            attr, constant = _value(nodes, slot)
+            _, constant = _value(nodes, slot)
             if constant is not None:  # the Constant's value comes from the call
                 constant.attributes["value"] = ir.RefAttr("value", name, kind)
                 constant.outputs[0].const_value = None
             else:
                 nodes[slot[1]].attributes[slot[2]] = ir.RefAttr(slot[2], name, kind)
-        base.attributes.add(ir.Attr(name, kind, values[0].value))
-        for function, value in zip(group, values, strict=True):
-            calls[function.identifier()].append(ir.Attr(name, kind, value.value))
+        default = next((v.value for v in values if not v.is_ref()), None)
+        base.attributes.add(ir.Attr(name, kind, default))
+        at = iter(values)
+        for function in group:
+            for call in calls.get(function.identifier(), ()):
+                given.setdefault(id(call), []).append(_named(name, kind, next(at)))
+    for function in group:
+        for call in calls.get(function.identifier(), ()):
+            call.domain, call.op_type = base.domain, base.name
+            call.attributes.clear()
+            for attr in given.get(id(call), ()):
+                call.attributes[attr.name] = attr
+
+
+def _calls(model: ir.Model) -> dict[ir.OperatorIdentifier, list[ir.Node]]:
+    """Every call node (main graph, bodies, subgraphs) per function it calls."""
+    calls: dict[ir.OperatorIdentifier, list[ir.Node]] = {}
     for node in (*model.graph.all_nodes(),
                  *(n for f in model.functions.values() for n in f.all_nodes())):
-        attrs = calls.get(node.op_identifier())
-        if attrs is None:
-            continue
-        node.domain, node.op_type = base.domain, base.name
-        for attr in attrs:
-            node.attributes[attr.name] = attr
+        if node.op_identifier() in model.functions:
+            calls.setdefault(node.op_identifier(), []).append(node)
+    return calls
 
 
 def merge_scalar_variants(model: ir.Model) -> list[tuple[ir.Function, ir.Function]]:
     """Merge the functions of each class whose bodies differ only in float scalars into the
-    first of them, parametrized. Returns (merged away, kept) pairs; the merged-away functions
-    are no longer in ``model``."""
+    first of them, parametrized. A body parametrized already takes part like any other (its
+    references count as scalars, each call's values resolved): which layers happened to
+    merge first (the two whose ``eps`` agreed) must not keep the others apart. Returns
+    (merged away, kept) pairs; the merged-away functions are no longer in ``model``."""
     groups: dict[tuple[Any, ...], list[ir.Function]] = {}
     for function in model.functions.values():
-        if len(function.attributes):
-            continue  # parametrized already: its calls set values a literal cannot match
         key = (function.domain, function.doc_string, len(function.inputs),
                len(function.outputs), structural_key(function.graph, signature=None,
                                                     scalars=True))
         groups.setdefault(key, []).append(function)
     merged: list[tuple[ir.Function, ir.Function]] = []
     for group in groups.values():
-        if len(group) < 2 or _parameters(group) is None:
+        if len(group) < 2:
             continue
         exact = {graph_key(f.graph, signature=False) for f in group}
         if len(exact) < len(group):
             continue  # equal bodies merge as they are first
-        _parametrize(group, model)
+        calls = _calls(model)  # as the groups merged before left them
+        parameters = _parameters(group, calls)
+        if parameters is None:
+            continue
+        _parametrize(group, parameters, calls)
         for function in group[1:]:
             del model.functions[function.identifier()]
             merged.append((function, group[0]))

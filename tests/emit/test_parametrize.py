@@ -71,3 +71,61 @@ def test_merge_equal_functions_falls_back_to_parametrizing() -> None:
     assert merge_equal_functions(m) == 2
     assert [f.name for f in m.functions.values()] == ["CELU"]
     assert {n.op_type for n in m.graph} == {"CELU"}
+
+
+def test_a_parametrized_function_takes_further_variants() -> None:
+    """Layers 0 and 1 share an ``eps`` and merge first; layers 2 and 3 must still join them,
+    not stay a second function because the first one has attributes."""
+    m = calling([_celu("CELU", 1.0, 2.0), _celu("CELU_1", 0.5, 2.0)])
+    assert len(merge_scalar_variants(m)) == 1
+    (kept,) = m.functions.values()
+    assert sorted(kept.attributes) == ["alpha"]
+    later = [_celu("CELU_2", 0.25, 3.0), _celu("CELU_3", 1.0, 0.5)]
+    x = m.graph.outputs[0]
+    for i, f in enumerate(later):
+        m.functions[f.identifier()] = f
+        call = ir.node(f.name, [x], domain=f.domain, name=f"later_{i}")
+        call.outputs[0].type, call.outputs[0].shape = x.type, x.shape
+        m.graph.append(call)
+        x = call.outputs[0]
+    m.graph.outputs[0] = x
+    assert [(g.name, k.name) for g, k in merge_scalar_variants(m)] == \
+        [("CELU_2", "CELU"), ("CELU_3", "CELU")]
+    (kept,) = m.functions.values()
+    assert sorted(kept.attributes) == ["alpha", "scalar"]
+    alphas = [n.attributes["alpha"].value for n in m.graph]
+    assert alphas == [1.0, 0.5, 0.25, 1.0]
+    onnx.checker.check_model(ir.serde.serialize_model(m), full_check=True)
+    expected = X
+    for alpha, scale in [(1.0, 2.0), (0.5, 2.0), (0.25, 3.0), (1.0, 0.5)]:
+        expected = _celu_reference(expected, alpha, scale)
+    np.testing.assert_allclose(run(m, x=X)[0], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_value_passed_on_from_the_caller_stays_a_reference() -> None:
+    """A parametrized parent passes its own attribute to its child: merged with a sibling,
+    the child's call keeps reading the parent's attribute."""
+    child = _celu("CELU", 1.0, 2.0)
+    celu = next(n for n in child if n.op_type == "Celu")
+    celu.attributes["alpha"] = ir.RefAttr("alpha", "alpha", ir.AttributeType.FLOAT)
+    child.attributes.add(ir.Attr("alpha", ir.AttributeType.FLOAT, 1.0))
+    x = value("x")
+    inner = ir.Node("pkg", "CELU", [x], name="inner",
+                    attributes=[ir.RefAttr("alpha", "outer_alpha", ir.AttributeType.FLOAT)])
+    parent = ir.Function("pkg", "Parent", graph=ir.Graph(
+        [x], inner.outputs, nodes=[inner], opset_imports={"": OPSET, "pkg": 1}),
+        attributes=[ir.Attr("outer_alpha", ir.AttributeType.FLOAT, None)])
+    parent.doc_string = "pkg.Parent"
+    m = calling([parent, _celu("CELU_1", 0.5, 3.0)])
+    m.functions[child.identifier()] = child
+    m.graph.node(0).attributes["outer_alpha"] = ir.Attr("outer_alpha",
+                                                         ir.AttributeType.FLOAT, 0.25)
+    assert [(g.name, k.name) for g, k in merge_scalar_variants(m)] == [("CELU", "CELU_1")]
+    assert inner.op_type == "CELU_1"
+    assert inner.attributes["alpha"].ref_attr_name == "outer_alpha"
+    assert inner.attributes["scalar"].value.numpy() == 2.0
+    second = m.graph.node(1)
+    assert second.op_type == "CELU_1" and second.attributes["alpha"].value == 0.5
+    onnx.checker.check_model(ir.serde.serialize_model(m), full_check=True)
+    expected = _celu_reference(_celu_reference(X, 0.25, 2.0), 0.5, 3.0)
+    np.testing.assert_allclose(run(m, x=X)[0], expected, rtol=1e-5, atol=1e-6)
