@@ -607,3 +607,135 @@ def test_inspect_shows_why_functions_of_a_class_stayed_apart(tmp_path) -> None:
         assert main(["inspect", str(tmp_path / "r.onnx")]) == 0
     text = buffer.getvalue()
     assert "differs from" in text and "BasicBlock: " in text
+
+
+# ---- issue 32: dedupe misses of unseen models ---------------------------------------------
+
+
+class _Step(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.a(x) + self.b(h) + 0.5 * h)
+
+
+class _Loop(nn.Module):
+    """``h = zeros; for _ in range(5): h = self.step(x, h)``."""
+
+    def __init__(self, zeros: str) -> None:
+        super().__init__()
+        self.step, self.zeros = _Step(), zeros
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.zeros_like(x) if self.zeros == "like" else torch.zeros(x.shape[0], 8)
+        for _ in range(5):
+            h = self.step(x, h)
+        return h
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("zeros", ["like", "sized"])
+def test_a_module_called_in_a_loop_from_a_zero_state_is_one_function(zeros: str) -> None:
+    torch.manual_seed(0)
+    model, args = _Loop(zeros).eval(), (torch.randn(2, 8),)
+    result = om.export(model, args)
+    assert calls_of(result, "_Step") == {"_Step": 5}
+    check_prototypes(result)
+    assert om.validate(model, args, result, providers="cpu").ok
+
+
+class _HyperLayer(nn.Module):
+    def __init__(self, eps: float, slope: float) -> None:
+        super().__init__()
+        self.ln, self.fc, self.slope = nn.LayerNorm(8, eps=eps), nn.Linear(8, 8), slope
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.leaky_relu(self.fc(self.ln(x)), self.slope)
+
+
+class _Hyper(nn.Module):
+    def __init__(self, config: list[tuple[float, float]]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(_HyperLayer(eps, slope) for eps, slope in config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", [
+    [(1e-5, 0.01), (1e-5, 0.1), (1e-1, 0.2), (1e-3, 0.3)],  # two share an eps
+    [(1e-5, 0.01), (1e-1, 0.1), (1e-5, 0.01), (1e-1, 0.3)],  # layers 0 and 2 alike
+    [(1e-5, 0.01), (1e-4, 0.1), (1e-1, 0.2), (1e-3, 0.3)],  # all differ
+])
+def test_per_layer_float_hyperparameters_are_one_function_whichever_repeat(config) -> None:
+    torch.manual_seed(0)
+    model, args = _Hyper(config).eval(), (torch.randn(2, 8) * 3,)
+    result = om.export(model, args)
+    assert calls_of(result, "_HyperLayer") == {"_HyperLayer": 4}
+    assert calls_of(result, "LayerNorm") == {"LayerNorm": 4}
+    assert om.validate(model, args, result, providers="cpu").ok
+
+
+def _unet2d() -> tuple[nn.Module, tuple]:
+    from diffusers import UNet2DModel
+
+    inner = UNet2DModel(sample_size=16, in_channels=3, out_channels=3, layers_per_block=1,
+                        block_out_channels=(16, 32), norm_num_groups=4,
+                        down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+                        up_block_types=("AttnUpBlock2D", "UpBlock2D")).eval()
+
+    class UNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.unet = inner
+
+        def forward(self, x, t):  # type: ignore[no-untyped-def]
+            return self.unet(x, t, return_dict=False)[0]
+
+    return UNet().eval(), (torch.randn(1, 3, 16, 16), torch.tensor([10]))
+
+
+def _vq() -> tuple[nn.Module, tuple]:
+    from diffusers import VQModel
+
+    inner = VQModel(in_channels=3, out_channels=3, block_out_channels=(16, 32),
+                    layers_per_block=1, down_block_types=("DownEncoderBlock2D",) * 2,
+                    up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=4,
+                    norm_num_groups=4, num_vq_embeddings=16, vq_embed_dim=4).eval()
+
+    class VQ(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.vq = inner
+
+        def forward(self, x):  # type: ignore[no-untyped-def]
+            return self.vq(x, return_dict=False)[0]
+
+    return VQ().eval(), (torch.randn(1, 3, 16, 16),)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["unet2d", "vq"])
+def test_group_norm_weights_enter_as_inputs_one_function_per_shape(name: str) -> None:
+    """A GroupNorm's 16-element weight and bias baked into its body made every call its own
+    function (UNet2DModel: 12 functions for 21 calls, VQModel: 10 for 24)."""
+    pytest.importorskip("diffusers")
+    torch.manual_seed(0)
+    model, args = {"unet2d": _unet2d, "vq": _vq}[name]()
+    trained = models.trained(model)
+    shapes: set[tuple[int, ...]] = set()
+    hooks = [m.register_forward_hook(lambda _m, a, _o: shapes.add(tuple(a[0].shape)))
+             for m in trained.modules() if isinstance(m, nn.GroupNorm)]
+    with torch.no_grad():
+        trained(*args)
+    for hook in hooks:
+        hook.remove()
+    result = om.export(trained, args)
+    assert len(calls_of(result, "GroupNorm")) == len(shapes)
+    check_prototypes(result)
+    assert om.validate(trained, args, result, providers="cpu").ok
