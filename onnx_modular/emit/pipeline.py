@@ -40,6 +40,7 @@ from onnx_modular.emit.outline import (
     selector,
 )
 from onnx_modular.emit.repair import Repair, RepairSqueeze
+from onnx_modular.emit.sizes import MergeShapeSlices
 from onnx_modular.emit.verify import Verify
 from onnx_modular.errors import fail, rules
 
@@ -125,6 +126,8 @@ def _steps(options: EmitOptions, chains: Chains, weights: frozenset[str] | set[s
                              own_sizes=not options.flat))
     if options.optimize:
         steps.append(Optimize(options.avoid_ops))
+        if not options.flat:
+            steps.append(MergeShapeSlices())
         if options.dedupe and not options.flat:  # flat: everything is inlined right after
             steps.append(MergeEqualFunctions(report))
     if options.dedupe and not options.flat:

@@ -18,6 +18,8 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import onnx_ir as ir
 
+from onnx_modular.emit.infra import EmitPass
+
 #: Operators of shape arithmetic a size may be computed with.
 _SHAPE_ARITHMETIC = frozenset({
     "Shape", "Constant", "Gather", "Squeeze", "Unsqueeze", "Concat", "Cast", "Reshape",
@@ -184,3 +186,92 @@ def activations_of(values: Iterable[ir.Value]) -> list[ir.Value]:
     inputs, with a known rank (weights and sizes excluded)."""
     return [v for v in values if v.shape is not None and not v.is_initializer()
             and v.const_value is None and not is_size(v) and len(v.shape) > 0]
+
+
+def merge_shape_slices(graph: ir.Graph) -> int:
+    """``Concat(Shape(a, 0, 1), Shape(a, 1, 2), ...)`` -> ``Concat(Shape(a, 0, 2), ...)``:
+    the sizes a body computes for itself, one dimension each, read as one slice where a
+    shape is assembled from them and nothing else reads them (fewer nodes for ONNX Runtime
+    to run, and equal slices of one tensor left for its common-subexpression pass to
+    share). Returns how many pairs were merged."""
+    plans: list[tuple[ir.Node, list[ir.Value | None], list[tuple[int, ir.Value, ir.Value]]]] = []
+    merged_uses: dict[ir.Value, int] = {}
+    for node in graph:
+        if node.op_type != "Concat" or node.domain not in ("", "ai.onnx"):
+            continue
+        pairs = []
+        pieces = list(node.inputs)
+        k = 0
+        while k + 1 < len(pieces):
+            first, second = _shape_span(pieces[k]), _shape_span(pieces[k + 1])
+            if first is not None and second is not None and first[0] is second[0] \
+                    and first[2] == second[1]:
+                pairs.append((k, pieces[k], pieces[k + 1]))
+                for v in (pieces[k], pieces[k + 1]):
+                    merged_uses[v] = merged_uses.get(v, 0) + 1  # type: ignore[index]
+                k += 2
+            else:
+                k += 1
+        if pairs:
+            plans.append((node, pieces, pairs))
+    # only where nothing else reads a slice: a merge that leaves it in place adds a node
+    whole_uses = {v for v, n in merged_uses.items() if len(v.uses()) == n
+                  and not v.is_graph_output()}
+    made: dict[tuple[int, int, int], ir.Value] = {}  # one node per slice, for every Concat
+    merged = 0
+    for node, pieces, pairs in plans:
+        out = list(pieces)
+        for k, first, second in reversed(pairs):
+            if first not in whole_uses or second not in whole_uses:
+                continue
+            source, start, _ = _shape_span(first)  # type: ignore[misc]
+            _, _, end = _shape_span(second)  # type: ignore[misc]
+            key = (id(source), start, end)
+            if key not in made:
+                whole = ir.node("Shape", [source], attributes={"start": start, "end": end})
+                whole.outputs[0].name = f"{first.name}_to_{end}"  # type: ignore[union-attr]
+                whole.outputs[0].type = ir.TensorType(ir.DataType.INT64)
+                whole.outputs[0].shape = ir.Shape([end - start])
+                graph.insert_before(node, whole)
+                made[key] = whole.outputs[0]
+            out[k:k + 2] = [made[key]]
+            merged += 1
+        if len(out) == len(pieces):
+            continue
+        replacement = ir.node("Concat", out, attributes={"axis": 0}, name=node.name)
+        old = node.outputs[0]
+        new = replacement.outputs[0]
+        new.name, new.type, new.shape = old.name, old.type, old.shape
+        graph.insert_before(node, replacement)
+        old.replace_all_uses_with(new)
+        for i, output in enumerate(graph.outputs):
+            if output is old:
+                graph.outputs[i] = new
+        graph.remove(node, safe=True)
+    if merged:
+        for node in reversed(list(graph)):  # the one-dimension slices no one reads now
+            if node.op_type == "Shape" and not any(v.uses() or v.is_graph_output()
+                                                   for v in node.outputs):
+                graph.remove(node, safe=True)
+    return merged
+
+
+def _shape_span(value: ir.Value | None) -> tuple[ir.Value, int, int] | None:
+    """(tensor, start, end) of a ``Shape`` slice with explicit non-negative bounds."""
+    producer = value.producer() if value is not None else None
+    if producer is None or producer.op_type != "Shape" or producer.domain not in ("", "ai.onnx"):
+        return None
+    start = producer.attributes.get_int("start", 0)
+    end = producer.attributes.get_int("end", None)
+    source = producer.inputs[0]
+    if end is None or start < 0 or end < 0 or source is None:
+        return None
+    return source, start, end
+
+
+class MergeShapeSlices(EmitPass):
+    """:func:`merge_shape_slices` in every function body (where the sizes are computed)."""
+
+    def run(self, model: ir.Model) -> None:
+        for function in model.functions.values():
+            merge_shape_slices(function.graph)

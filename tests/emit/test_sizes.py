@@ -154,3 +154,46 @@ def _no_size_from_an_input(model: ir.Model) -> None:
                     producer = value.producer()
                     if producer is not None and producer.op_type != "Shape":
                         todo.extend(producer.inputs)
+
+
+def test_one_dimension_slices_assembled_together_become_one_slice() -> None:
+    from onnx_modular.emit.sizes import merge_shape_slices
+
+    x = _dynamic("x", ["b", "s", 4])
+    first = ir.node("Shape", [x], attributes={"start": 0, "end": 1})
+    second = ir.node("Shape", [x], attributes={"start": 1, "end": 2})
+    const = ir.node("Constant", [], attributes={
+        "value": ir.tensor(np.array([2, 2], dtype=np.int64))})
+    nodes = [first, second, const]
+    concats = []
+    for i in range(2):  # two reshapes assemble the same leading dims
+        concat = ir.node("Concat", [first.outputs[0], second.outputs[0], const.outputs[0]],
+                         attributes={"axis": 0}, name=f"c{i}")
+        reshape = ir.node("Reshape", [x, concat.outputs[0]], name=f"r{i}")
+        nodes += [concat, reshape]
+        concats.append(reshape.outputs[0])
+    for i, v in enumerate([first, second, const]):
+        v.outputs[0].name = f"v{i}"
+    for i, node in enumerate(nodes[3:]):
+        node.outputs[0].name = f"n{i}"
+    graph = ir.Graph([x], concats, nodes=nodes, opset_imports={"": 18}, name="g")
+    assert merge_shape_slices(graph) == 2
+    shapes = [n for n in graph if n.op_type == "Shape"]
+    assert len(shapes) == 1 and shapes[0].attributes.get_int("end") == 2
+    assert all(len(n.inputs) == 2 for n in graph if n.op_type == "Concat")
+    m = ir.Model(graph, ir_version=10)
+    feeds = np.ones((3, 5, 4), np.float32)
+    assert [o.shape for o in run(m, x=feeds)] == [(3, 5, 2, 2)] * 2
+
+
+def test_a_slice_read_elsewhere_is_left_alone() -> None:
+    from onnx_modular.emit.sizes import merge_shape_slices
+
+    x = _dynamic("x", ["b", "s"])
+    first = ir.node("Shape", [x], attributes={"start": 0, "end": 1})
+    second = ir.node("Shape", [x], attributes={"start": 1, "end": 2})
+    concat = ir.node("Concat", [first.outputs[0], second.outputs[0]], attributes={"axis": 0})
+    other = ir.node("Identity", [first.outputs[0]])
+    graph = ir.Graph([x], [concat.outputs[0], other.outputs[0]],
+                     nodes=[first, second, concat, other], opset_imports={"": 18})
+    assert merge_shape_slices(graph) == 0
