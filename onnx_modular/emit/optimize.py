@@ -93,7 +93,10 @@ def _weight_derived(graph: ir.Graph, weights: set[str] | frozenset[str]) -> set[
     for node in graph:
         if node.op_type in _SHAPE_ONLY and node.domain in ("", "ai.onnx"):
             continue
-        if any(v in derived for v in node.inputs if v is not None):
+        # CastLike(c, like) takes only ``like``'s type: a clamp bound cast like an
+        # activation stays the body's constant
+        read = node.inputs[:1] if node.op_type == "CastLike" else node.inputs
+        if any(v in derived for v in read if v is not None):
             derived.update(node.outputs)
             names.update(v.name for v in node.outputs if v.name)
     return names

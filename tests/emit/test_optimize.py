@@ -214,3 +214,17 @@ def test_a_loops_zero_state_stays_an_input_of_the_first_call() -> None:
     assert report.functions == 1 and report.calls == 3
     assert all(len(n.inputs) == 2 for n in m.graph)  # x and h, the zeros an initializer
     np.testing.assert_allclose(run(m, x=X)[0], expected, rtol=1e-6)
+
+
+def test_a_constant_cast_like_an_activation_stays_in_the_body() -> None:
+    """``CastLike(bound, y)`` reads only ``y``'s type: a clamp bound after a Linear (``y``
+    computed from its weight) is no weight, or each layer's bounds would be inputs."""
+    x, w = value("x"), weight("w")
+    y = fx("MatMul", [x, w], "y")
+    bound = ir.node("Constant", [], attributes={"value": ir.tensor(np.float32(0.5))})
+    cast = fx("CastLike", [bound.outputs[0], y.outputs[0]], "bound_cast", None)
+    cast.outputs[0].type = None
+    out = fx("Min", [y.outputs[0], cast.outputs[0]], "out")
+    m = model([x], out.outputs, [y, bound, cast, out], [w])
+    fold_weights(m, {"w"})
+    assert "bound_cast" not in m.graph.initializers
