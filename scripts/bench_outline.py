@@ -10,12 +10,15 @@ Usage: python scripts/bench_outline.py [--layers 12 24 48]
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -26,9 +29,9 @@ from onnx_modular.lower.translate import quiet_torch_onnx
 from tests.models import gpt2
 
 
-def _timed(run: object) -> tuple[float, object]:
+def _timed(run: Callable[..., Any], *args: Any) -> tuple[float, Any]:
     start = time.perf_counter()
-    result = run()  # type: ignore[operator]
+    result = run(*args)
     return time.perf_counter() - start, result
 
 
@@ -47,17 +50,16 @@ def main() -> None:
             model, inputs = gpt2(layers)
             flat, int8 = Path(tmp, f"flat{layers}.onnx"), Path(tmp, f"int8_{layers}.onnx")
             with quiet_torch_onnx(), torch.no_grad():
-                t_export, program = _timed(lambda: torch.onnx.export(model, inputs,
-                                                                     dynamo=True))
-            program.save(str(flat))  # type: ignore[attr-defined]
+                t_export, program = _timed(functools.partial(torch.onnx.export, dynamo=True),
+                                           model, inputs)
+            program.save(str(flat))
             quantize_dynamic(str(flat), str(int8), weight_type=QuantType.QInt8)
-            t_outline, result = _timed(lambda: om.outline(flat))
-            t_int8, _ = _timed(lambda: om.outline(int8))
-            blocks = sum(1 for f in result.functions  # type: ignore[attr-defined]
-                         if f.module_type.endswith("GPT2Block"))
+            t_outline, result = _timed(om.outline, flat)
+            t_int8, _ = _timed(om.outline, int8)
+            blocks = sum(1 for f in result.functions if f.module_type.endswith("GPT2Block"))
             print(f"{layers:>6} {t_export:>9.2f} {t_outline:>10.2f} "
                   f"{t_outline / t_export:>5.2f}x {t_int8:>15.2f} {t_int8 / t_export:>5.2f}x  "
-                  f"{len(result.functions)} ({blocks})")  # type: ignore[attr-defined]
+                  f"{len(result.functions)} ({blocks})")
 
 
 if __name__ == "__main__":
