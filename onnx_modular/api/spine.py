@@ -20,7 +20,12 @@ from onnx_modular.diagnostics import DiagnosticContext
 from onnx_modular.emit.pipeline import Chains, EmitOptions, EmitReport, emit_model, program_weights
 from onnx_modular.lower.capture import capture
 from onnx_modular.lower.markers import without_markers
-from onnx_modular.lower.translate import Translation, stable_stack_traces, translate
+from onnx_modular.lower.translate import (
+    Translation,
+    inline_translator_functions,
+    stable_stack_traces,
+    translate,
+)
 from onnx_modular.passes.modularize import modularize, module_call_chains
 
 
@@ -65,6 +70,7 @@ def lower_onnx_program(onnx_program: torch.onnx.ONNXProgram, ctx: DiagnosticCont
                        with_calls: bool = True) -> Lowered:
     """What torch.onnx already lowered (``om.hook``: an unoptimized ``ONNXProgram``)."""
     stable_stack_traces(onnx_program.model)  # byte-identical, as om.export
+    inline_translator_functions(onnx_program.model)
     assert onnx_program.exported_program is not None  # the dynamo path keeps its program
     translation = Translation(onnx_program.model, onnx_program.exported_program)
     return _with_calls(translation, ctx) if with_calls else _without_calls(translation)

@@ -65,3 +65,4 @@ class InlineAll(EmitPass):
             raise self.postcondition_failed(
                 "no local function and no call of one; left: "
                 + listed([f.name for f in model.functions.values()] + left))
+

@@ -19,6 +19,7 @@ import onnx
 import onnx.version_converter
 import onnx_ir as ir
 import torch
+from onnx_ir.passes.common import InlinePass
 
 from onnx_modular._compat import quiet_libraries, torch_onnx_export
 from onnx_modular.diagnostics import DiagnosticContext, Location
@@ -169,6 +170,7 @@ def translate(program: torch.export.ExportedProgram, *, opset: int | None = None
             f"torch.onnx could not convert the model to opset {opset} (it stays at opset "
             f"{reached}): {_conversion_failure(onnx_program.model, opset)}"))
     stable_stack_traces(onnx_program.model)
+    inline_translator_functions(onnx_program.model)
     return Translation(onnx_program.model, onnx_program.exported_program)
 
 
@@ -188,6 +190,16 @@ def _translate_once(program: torch.export.ExportedProgram, opset: int | None) ->
 
 
 _GENERATED_FILE = re.compile(r"<eval_with_key>\.\d+")
+
+
+def inline_translator_functions(model: ir.Model) -> None:
+    """Functions the translation holds already (torchlib's helpers under onnxscript < 0.7:
+    ``aten_split``, ``aten_getitem``; an ``invoke_subgraph`` body) are inlined: the module
+    hierarchy decides the functions, and onnx_ir's inliner gives each copy its call's FX
+    labels, so it lands in the module that call ran in."""
+    if model.functions:
+        InlinePass()(model)
+        model.functions.clear()
 
 
 def stable_stack_traces(model: ir.Model) -> None:

@@ -384,3 +384,27 @@ def test_layer_functions_inline_to_torch_onnx_flat_size(ort_outputs, assert_clos
     flat = _flat_torch(model, args)
     assert _non_constant(inlined.graph.node) <= _non_constant(flat.graph.node)
     assert_close(ort_outputs(proto, args)[0], ort_outputs(flat, args)[0], 1e-6)
+
+
+class _CompiledRegionBlock(torch.nn.Module):
+    """A block whose forward is a ``torch.compiler.nested_compile_region`` (torch's own way
+    to mark a repeated layer: ``invoke_subgraph``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm, self.fc = torch.nn.LayerNorm(8), torch.nn.Linear(8, 8)
+
+    @torch.compiler.nested_compile_region
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.relu(self.fc(self.norm(x)))
+
+
+@pytest.mark.slow
+def test_blocks_under_nested_compile_region_export_hierarchically() -> None:
+    """torch.onnx makes no function of them; the module hierarchy makes one per class."""
+    model = torch.nn.Sequential(*[_CompiledRegionBlock() for _ in range(3)]).eval()
+    args = (torch.randn(2, 8),)
+    result = om.export(model, args)
+    (block,) = [f for f in result.functions if f.name == "_CompiledRegionBlock"]
+    assert block.calls == ("0", "1", "2")
+    assert om.validate(model, args, result, providers=["cpu"]).ok

@@ -19,6 +19,7 @@ from onnx_modular.lower.translate import (
     MIN_OPSET,
     Translation,
     check_opset,
+    inline_translator_functions,
     stable_stack_traces,
     translate,
 )
@@ -117,3 +118,25 @@ def test_generated_file_numbers_are_dropped_from_stack_traces() -> None:
     stable_stack_traces(ir.Model(graph, ir_version=10))
     assert node.metadata_props[STACK_TRACE] == (
         'File "<eval_with_key>", line 5, in forward\nFile "/src/model.py", line 3, in forward')
+
+
+def test_functions_the_translator_made_are_inlined_with_their_calls_labels() -> None:
+    """torchlib under onnxscript < 0.7 emits helper functions (``aten_split``): their nodes
+    are inlined, each copy naming the FX node of its call, so the module hierarchy alone
+    decides the functions (before this, Outline refused the model: OM0002)."""
+    x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([2, 4]))
+    inner_in = ir.Value(name="a", type=ir.TensorType(ir.DataType.FLOAT))
+    relu = ir.node("Relu", [inner_in])
+    helper = ir.Function("pkg.torch.onnx", "aten_helper", attributes=[], graph=ir.Graph(
+        [inner_in], relu.outputs, nodes=[relu], opset_imports={"": 18}, name="aten_helper"))
+    label = "%relu_1 : [num_users=1] = call_function[target=torch.ops.aten.relu.default]"
+    call = ir.node("aten_helper", [x], domain="pkg.torch.onnx",
+                   metadata_props={"pkg.torch.onnx.fx_node": label})
+    call.outputs[0].name = "relu_1"
+    model = ir.Model(ir.Graph([x], call.outputs, nodes=[call], name="main",
+                              opset_imports={"": 18, "pkg.torch.onnx": 1}),
+                     ir_version=10, functions=[helper])
+    inline_translator_functions(model)
+    assert not model.functions
+    (node,) = list(model.graph)
+    assert node.op_type == "Relu" and fx_name(node) == "relu_1"
