@@ -5,7 +5,10 @@ the dtypes; a user with 32 decoder layers wants the same per module call, in the
 calls ran, and one sentence saying where the error starts and how it grows: "model.h.17
 (GPT2Block 18 of 32) first exceeds tolerance; model.h.18 ... model.h.31 grow from 3e-4 to
 2e-1". The localization fills :class:`CallError` for every module call it pairs with torch;
-:func:`find_stack` picks the repeated blocks the sentence is about.
+:func:`find_stack` picks the repeated blocks the sentence is about. A ``CallError`` is the
+error a call *receives and passes on*; :class:`OwnError` is the error it *adds*: the call
+run alone on torch's inputs of it (:mod:`~onnx_modular.check.own`), which names the layer a
+quantization or an fp16 conversion hurts where the propagated error grows everywhere after.
 """
 
 from __future__ import annotations
@@ -64,6 +67,55 @@ class CallError(CallRecord):
                 "max_abs_err": json_float(self.max_abs), "max_rel_err": json_float(self.max_rel),
                 "mismatched": self.mismatched, "size": self.size, "dtypes": self.dtypes,
                 "abs_err_hist": self.histogram, "inherited": self.inherited}
+
+
+@dataclasses.dataclass
+class OwnError(CallRecord):
+    """One module call run alone on torch's inputs of it, against torch's outputs of it.
+
+    ``compared`` False: it could not be run (``note`` says why) and its numbers are NaN.
+    ``propagated``: the call's max abs error inside the full model, where the localization
+    paired it (:class:`CallError`), to read beside its own.
+    """
+
+    order: int  # the call's index in torch's execution order
+    depth: int
+    max_abs: float
+    max_rel: float
+    mismatched: int
+    size: int
+    dtypes: str
+    histogram: list[int]
+    ok: bool
+    compared: bool = True
+    note: str = ""  # why it was not run, or how an input was fed when not plainly
+    propagated: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"order": self.order, "call_id": self.call_id, "module_path": self.module_path,
+                "module_type": self.module_type, "depth": self.depth,
+                "compared": self.compared, "ok": self.ok if self.compared else None,
+                "max_abs_err": json_float(self.max_abs), "max_rel_err": json_float(self.max_rel),
+                "mismatched": self.mismatched, "size": self.size, "dtypes": self.dtypes,
+                "abs_err_hist": self.histogram, "note": self.note,
+                "propagated_max_abs_err": None if self.propagated is None
+                else json_float(self.propagated)}
+
+
+@dataclasses.dataclass
+class OwnErrors:
+    """Every module call's own error in torch's execution order, and ``first``: the call
+    id of the first whose own error leaves tolerance, in the order calls finish (so the
+    innermost: a layer before the block holding it); ``note`` says why ``calls`` is empty."""
+
+    calls: list[OwnError]
+    first: str | None
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"first_mismatch": self.first, "note": self.note,
+                "calls_compared": sum(c.compared for c in self.calls),
+                "calls": [c.to_dict() for c in self.calls]}
 
 
 @dataclasses.dataclass

@@ -19,6 +19,7 @@ import torch
 from onnx_modular.check.call_stats import (
     HIST_EDGES,
     CallError,
+    OwnErrors,
     Stack,
     abs_error_histogram,
     find_stack,
@@ -28,7 +29,8 @@ from onnx_modular.check.numerics import Diff, check_value, dtype_name, json_floa
 from onnx_modular.check.probe import OnnxCall, Probe
 from onnx_modular.check.recorder import TorchCall
 
-__all__ = ["Evidence", "Localization", "ModuleDivergence", "judge", "resolve"]
+__all__ = ["Evidence", "Localization", "ModuleDivergence", "closest", "dtype_pairs", "judge",
+           "resolve"]
 
 _CALL_SUFFIX = re.compile(r"@(\d+)$")
 
@@ -155,7 +157,8 @@ class Localization:
     """Every diverging module call in execution order, and the first (deepest) one.
 
     ``errors`` holds every paired call's error in execution order (diverging or not), so
-    a report can show where the error starts growing.
+    a report can show where the error starts growing; ``own`` each call's own error, run
+    alone on torch's inputs of it (:mod:`~onnx_modular.check.own`; None: not measured).
     """
 
     kind: str
@@ -165,6 +168,7 @@ class Localization:
     note: str = ""
     errors: list[CallError] = dataclasses.field(default_factory=list)
     evidence: Evidence | None = dataclasses.field(default=None, repr=False, compare=False)
+    own: OwnErrors | None = None
 
     def stack(self) -> Stack | None:
         """The repeated blocks whose errors tell where the error starts to grow."""
@@ -177,13 +181,14 @@ class Localization:
                 "divergences": [d.to_dict() for d in self.divergences], "note": self.note,
                 "abs_err_hist_edges": list(HIST_EDGES),
                 "calls": [e.to_dict() for e in self.errors],
-                "stack": stack.to_dict() if stack is not None else None}
+                "stack": stack.to_dict() if stack is not None else None,
+                "own": self.own.to_dict() if self.own is not None else None}
 
 
-def _closest(actual: np.ndarray, candidates: list[torch.Tensor], rtol: float | None,
-             atol: float | None) -> tuple[Diff, torch.Tensor] | None:
+def closest(actual: np.ndarray, candidates: list[torch.Tensor], rtol: float | None,
+            atol: float | None) -> tuple[Diff, torch.Tensor] | None:
     """The diff to the nearest same-shape torch tensor, and that tensor; None when none
-    has the shape."""
+    has the shape (how an ONNX value finds the torch value it stands for)."""
     best: tuple[Diff, torch.Tensor] | None = None
     for t in candidates:
         if tuple(t.shape) != actual.shape:
@@ -205,7 +210,7 @@ def _inputs_diverge(call: OnnxCall, tcall: TorchCall, values: dict[str, np.ndarr
     for t in tcall.intact_inputs():
         best: Diff | None = None
         for actual in arrays:
-            found = _closest(actual, [t], rtol, atol)
+            found = closest(actual, [t], rtol, atol)
             d = found[0] if found is not None else None
             if d is not None and (best is None or (d.ok, -d.max_abs) > (best.ok, -best.max_abs)):
                 best = d
@@ -214,7 +219,8 @@ def _inputs_diverge(call: OnnxCall, tcall: TorchCall, values: dict[str, np.ndarr
     return False
 
 
-def _dtypes(pairs: list[tuple[np.ndarray, torch.Tensor]]) -> str:
+def dtype_pairs(pairs: list[tuple[np.ndarray, torch.Tensor]]) -> str:
+    """The dtypes compared, torch's first ("float32 -> float16" where ONNX's differs)."""
     names = []
     for actual, expected in pairs:
         want, got = dtype_name(expected), dtype_name(actual)
@@ -232,7 +238,7 @@ def _paired_outputs(call: OnnxCall, tcall: TorchCall, values: dict[str, np.ndarr
     pairs = []
     for name in call.outputs:
         actual = values.get(name)
-        found = _closest(actual, outputs, rtol, atol) if actual is not None else None
+        found = closest(actual, outputs, rtol, atol) if actual is not None else None
         if found is not None:
             pairs.append((name, actual, found[1], found[0]))
     return pairs
@@ -263,7 +269,7 @@ def _judge_call(j: int, call: OnnxCall, tcall: TorchCall, probe: Probe,
     error = CallError(
         tcall.call, j, tcall.depth, tcall.parent, max(d.max_abs for d in diffs),
         max(d.max_rel for d in diffs), sum(d.mismatched for d in diffs),
-        sum(int(a.size) for _, a, _, _ in pairs), _dtypes([(a, e) for _, a, e, _ in pairs]),
+        sum(int(a.size) for _, a, _, _ in pairs), dtype_pairs([(a, e) for _, a, e, _ in pairs]),
         histogram, not bad, inherited)
     return error, divergence
 

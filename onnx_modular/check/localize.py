@@ -2,9 +2,11 @@
 
 :mod:`~onnx_modular.check.recorder` records torch's calls, :mod:`~onnx_modular.check.probe`
 exposes every ONNX call's outputs, :mod:`~onnx_modular.check.judge` pairs and compares
-them; this module runs the three in order. A validation keeps a :class:`ValidationRun`
-(what it ran), so a report that did not localize, or let its values go, can localize later
-(to extract a healthy call, or to draw the overlay).
+them; this module runs the three in order, then :mod:`~onnx_modular.check.own` (each call
+alone on torch's inputs of it: the error it adds, where the judge sees what it receives).
+A validation keeps a :class:`ValidationRun` (what it ran), so a report that did not
+localize, or let its values go, can localize later (to extract a healthy call, or to draw
+the overlay).
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import threading
 
 from onnx_modular import runtime
 from onnx_modular._util import gc_paused
+from onnx_modular.check.call_stats import OwnErrors
 from onnx_modular.check.judge import Localization, judge
+from onnx_modular.check.own import own_errors
 from onnx_modular.check.probe import Probe, build_probe
 from onnx_modular.check.recorder import TorchCall
 from onnx_modular.check.runners import Inputs, SessionRunner, TorchRunner
@@ -98,7 +102,7 @@ class ValidationRun:
 
 def localize(run: ValidationRun) -> Localization:
     """Localize on ``run.provider`` now: torch's calls (recorded again unless kept), the
-    probe (the one built in advance when it fits), judged."""
+    probe (the one built in advance when it fits), judged; and each call's own error."""
     calls = run.calls
     if calls is None:
         _, calls = run.reference.run_recording(run.inputs)
@@ -106,8 +110,23 @@ def localize(run: ValidationRun) -> Localization:
         ready = run.advance.take(run.provider, fuse=run.fuse) if run.advance else None
         run.advance = None  # taken: a later localization builds its own probe
         localization = _localize(run, calls, ready)
+        localization.own = _own(run, calls, localization)
     run.calls = None  # the localization's evidence holds them now
     return localization
+
+
+def _own(run: ValidationRun, calls: list[TorchCall], localization: Localization
+         ) -> OwnErrors:
+    """Each call's own error; a failure to measure it leaves the localization standing."""
+    evidence = localization.evidence
+    # a flat model's probe keeps the model's value names: its values serve the pairing
+    values = evidence.values if evidence is not None and not evidence.probe.inlined else None
+    try:
+        return own_errors(run.loaded, calls, run.inputs.feeds, run.provider, run.rtol,
+                          run.atol, onnx_values=values,
+                          propagated={e.call_id: e.max_abs for e in localization.errors})
+    except Exception as exc:
+        return OwnErrors([], None, f"not measured: {runtime.first_line(exc)}")
 
 
 def _build_probe(loaded: runtime.LoadedModel) -> Probe:

@@ -7,6 +7,8 @@ call's inputs and outputs kept. Then every call of b that a has too runs on **a'
 of its inputs, in one session holding a copy of each call: its error is the call's **own**,
 what this module adds, not the drift it receives from the modules before it. fp32 against
 int8 or fp16 says which layer the quantization hurts; a changed weight names its layer.
+``validate`` feeds the same copies torch's values instead (:mod:`~onnx_modular.check.own`):
+``labelled_calls`` and ``run_fed`` are shared.
 
 Tensors pair by name (tools keep tensor names as they rewrite nodes), else by position
 among the call's inputs or outputs; a call whose values cannot be paired is listed, not
@@ -33,7 +35,8 @@ from onnx_modular.emit.labels import absolute_call
 from onnx_modular.emit.scopes import inline_labelled, labels_by_tensor_name, node_chains
 from onnx_modular.metadata import META_CALL, META_PATH
 
-__all__ = ["ModuleComparison", "ModuleRow", "compare_modules", "labelled_calls", "node_data"]
+__all__ = ["Fed", "Labelled", "LabelledCall", "ModuleComparison", "ModuleRow", "compare_modules",
+           "labelled_calls", "node_data", "run_exposing", "run_fed"]
 
 
 @dataclasses.dataclass
@@ -72,7 +75,7 @@ class ModuleComparison:
 
 
 @dataclasses.dataclass
-class _Call:
+class LabelledCall:
     """A module call of an inlined model: its nodes, and the values crossing its edge."""
 
     call_id: str
@@ -84,14 +87,17 @@ class _Call:
 
 
 @dataclasses.dataclass
-class _Labelled:
+class Labelled:
+    """A model inlined with its labels, cut into its module calls by call id."""
+
     model: ir.Model
-    calls: dict[str, _Call]
+    calls: dict[str, LabelledCall]
     config: dict[str, str]  # where ORT finds the model's external data
+    prepack: bool = True  # False for a large model: ORT maps its weights, copying none
 
 
 def labelled_calls(loaded: runtime.LoadedModel, reference: onnx.ModelProto | None = None
-                   ) -> _Labelled | None:
+                   ) -> Labelled | None:
     """``loaded`` inlined with labels and cut into module calls; None when no node
     carries module labels. ``reference``: a model whose labels its unlabelled nodes take
     by tensor name (model a's, for model b: a quantizer's ``MatMulInteger`` chain ends in
@@ -129,9 +135,9 @@ def labelled_calls(loaded: runtime.LoadedModel, reference: onnx.ModelProto | Non
             for v in node.outputs:
                 if v in outputs or any(u.node not in own for u in v.uses()):
                     outs.setdefault(v)
-        calls[call_id] = _Call(call_id, types[call_id], inside, list(ins), list(outs),
+        calls[call_id] = LabelledCall(call_id, types[call_id], inside, list(ins), list(outs),
                                indices[-1])
-    return _Labelled(model, calls, loaded.session_config())
+    return Labelled(model, calls, loaded.session_config(), prepack=not loaded.large)
 
 
 def _constant(value: ir.Value) -> bool:
@@ -144,7 +150,7 @@ def _constant(value: ir.Value) -> bool:
         for a in producer.attributes.values() if not a.is_ref())
 
 
-def compare_modules(a: _Labelled, b: _Labelled, feeds: dict[str, np.ndarray], provider: str,
+def compare_modules(a: Labelled, b: Labelled, feeds: dict[str, np.ndarray], provider: str,
                     rtol: float | None, atol: float | None) -> ModuleComparison:
     """Each call of ``a`` (in finishing order) with b's own error on a's inputs."""
     plan: Plan = []
@@ -163,15 +169,17 @@ def compare_modules(a: _Labelled, b: _Labelled, feeds: dict[str, np.ndarray], pr
             continue
         plan.append((call, other, fed, wanted))
     needed = {v.name for _, _, fed, wanted in plan for v in (*fed, *wanted)}
-    values_a = _run_exposing(a, needed, feeds, provider)
-    results, own_outputs = _run_calls(b, plan, values_a, provider, rows)
+    values_a = run_exposing(a, needed, feeds, provider)
+    results, refused = run_fed(b, [(call.call_id, other, [values_a[v.name] for v in fed])
+                                   for call, other, fed, _ in plan], provider)
+    for call_id, why in refused.items():
+        rows[call_id].note = "not run on a's inputs: " + why
     for call, _, _, wanted in plan:
-        if call.call_id not in own_outputs:
+        if call.call_id not in results:
             continue
         worst: Diff | None = None
-        for name, expected in zip(own_outputs[call.call_id], wanted, strict=True):
-            c = check_value(results[name], values_a[expected.name], rtol, atol,
-                            same_dtype=False)
+        for actual, expected in zip(results[call.call_id], wanted, strict=True):
+            c = check_value(actual, values_a[expected.name], rtol, atol, same_dtype=False)
             if worst is None or (worst.ok and not c.diff.ok) or (
                     worst.ok == c.diff.ok and c.diff.max_abs > worst.max_abs):
                 worst = c.diff
@@ -179,31 +187,41 @@ def compare_modules(a: _Labelled, b: _Labelled, feeds: dict[str, np.ndarray], pr
     return ModuleComparison(list(rows.values()))
 
 
-Plan = list[tuple[_Call, _Call, list[ir.Value], list[ir.Value]]]
+Plan = list[tuple[LabelledCall, LabelledCall, list[ir.Value], list[ir.Value]]]
+
+#: A call to run on given values: a key, the call, and one array per input of the call
+#: (``LabelledCall.inputs``, in order).
+Fed = tuple[str, LabelledCall, list[np.ndarray]]
 
 
-def _run_calls(b: _Labelled, plan: Plan, values_a: dict[str, np.ndarray], provider: str,
-               rows: dict[str, ModuleRow]) -> tuple[dict[str, np.ndarray], dict[str, list[str]]]:
-    """b's planned calls on a's values, in one session; where ONNX Runtime refuses that
-    (a call of a quantized model reading int8 where a's reads float), each on its own, a
-    refused one noted in its row."""
-    if not plan:
+def run_fed(labelled: Labelled, fed: list[Fed], provider: str
+            ) -> tuple[dict[str, list[np.ndarray]], dict[str, str]]:
+    """Each call of ``labelled`` run on the values it is fed, in one session holding a copy
+    of each: its outputs by key (in ``LabelledCall.outputs`` order). Where ONNX Runtime refuses
+    that (a call of a quantized model reading int8 where the feed is float), each call runs
+    on its own; a refused one is left out, and the second dict says why (the end of ORT's
+    message)."""
+    if not fed:
         return {}, {}
     try:
-        model, feeds, outputs = _calls_on_a_values(b.model, plan, values_a)
-        return _run(model, feeds, provider, b.config), outputs
+        model, feeds, outputs = _calls_model(labelled.model, fed)
+        return _gather(_run(model, feeds, provider, labelled), outputs), {}
     except OnnxModularError:
         pass
-    results: dict[str, np.ndarray] = {}
-    outputs = {}
-    for entry in plan:
+    results: dict[str, list[np.ndarray]] = {}
+    refused: dict[str, str] = {}
+    for entry in fed:
         try:
-            model, feeds, one = _calls_on_a_values(b.model, [entry], values_a)
-            results.update(_run(model, feeds, provider, b.config))
-            outputs.update(one)
+            model, feeds, one = _calls_model(labelled.model, [entry])
+            results.update(_gather(_run(model, feeds, provider, labelled), one))
         except OnnxModularError as e:
-            rows[entry[0].call_id].note = "not run on a's inputs: " + e.diagnostic.message[-160:]
-    return results, outputs
+            refused[entry[0]] = e.diagnostic.message[-160:]
+    return results, refused
+
+
+def _gather(values: dict[str, np.ndarray], outputs: dict[str, list[str]]
+            ) -> dict[str, list[np.ndarray]]:
+    return {key: [values[name] for name in names] for key, names in outputs.items()}
 
 
 def _pair(mine: Sequence[ir.Value], theirs: Sequence[ir.Value]) -> list[ir.Value] | None:
@@ -219,9 +237,9 @@ def _pair(mine: Sequence[ir.Value], theirs: Sequence[ir.Value]) -> list[ir.Value
     return list(theirs)
 
 
-def _run_exposing(labelled: _Labelled, names: set[str], feeds: dict[str, np.ndarray],
-                  provider: str) -> dict[str, np.ndarray]:
-    """Run the model once with the values ``names`` as extra outputs."""
+def run_exposing(labelled: Labelled, names: set[str], feeds: dict[str, np.ndarray],
+                 provider: str) -> dict[str, np.ndarray]:
+    """Run the model once with the values ``names`` as extra outputs (and the feeds)."""
     model = labelled.model
     graph = model.graph
     kept = list(graph.outputs)
@@ -234,7 +252,7 @@ def _run_exposing(labelled: _Labelled, names: set[str], feeds: dict[str, np.ndar
     try:
         out = _run(model, {k: v for k, v in feeds.items()
                            if k in {i.name for i in graph.inputs}}, provider,
-                   labelled.config)
+                   labelled)
     finally:
         graph.outputs.clear()
         graph.outputs.extend(kept)
@@ -242,10 +260,12 @@ def _run_exposing(labelled: _Labelled, names: set[str], feeds: dict[str, np.ndar
     return out
 
 
-def _calls_on_a_values(b: ir.Model, plan: Plan, values_a: dict[str, np.ndarray]
-                       ) -> tuple[onnx.ModelProto, dict[str, np.ndarray], dict[str, list[str]]]:
-    """One model holding a copy of each planned call of ``b``, its inputs fed from a."""
-    proto = ir.serde.serialize_model(b)
+def _calls_model(model: ir.Model, fed: list[Fed]
+                 ) -> tuple[onnx.ModelProto, dict[str, np.ndarray], dict[str, list[str]]]:
+    """One model holding a copy of each call of ``model`` in ``fed``, its inputs fed the
+    given values (cast to the float type the call reads: fp32 into an fp16 model's call);
+    the feeds, and each key's output names."""
+    proto = ir.serde.serialize_model(model)
     by_output = {o: n for n in proto.graph.node for o in n.output}
     inputs: list[onnx.ValueInfoProto] = []
     outputs: list[onnx.ValueInfoProto] = []
@@ -253,11 +273,11 @@ def _calls_on_a_values(b: ir.Model, plan: Plan, values_a: dict[str, np.ndarray]
     feeds: dict[str, np.ndarray] = {}
     own_outputs: dict[str, list[str]] = {}
     initializers = {i.name for i in proto.graph.initializer}
-    for k, (_, other, fed, _) in enumerate(plan):
+    for k, (key, call, arrays) in enumerate(fed):
         prefix = f"call{k}/"
-        edge = {v.name for v in other.inputs}
-        made = {o for node in other.nodes for o in (v.name for v in node.outputs)}
-        members = [by_output[next(v.name for v in n.outputs)] for n in other.nodes]
+        edge = {v.name for v in call.inputs}
+        made = {o for node in call.nodes for o in (v.name for v in node.outputs)}
+        members = [by_output[next(v.name for v in n.outputs)] for n in call.nodes]
         copied = _with_constants(members, by_output, made | edge, initializers)
 
         def rename(name: str, prefix: str = prefix, edge: set[str] = edge,
@@ -272,19 +292,19 @@ def _calls_on_a_values(b: ir.Model, plan: Plan, values_a: dict[str, np.ndarray]
             clone.output[:] = [prefix + n if n else n for n in node.output]
             made.update(node.output)
             nodes.append(clone)
-        for value, source in zip(other.inputs, fed, strict=True):
-            array = _as_dtype(values_a[source.name], value.dtype)
+        for value, given in zip(call.inputs, arrays, strict=True):
+            array = _as_dtype(given, value.dtype)
             feeds[prefix + value.name] = array
             inputs.append(onnx.helper.make_tensor_value_info(
                 prefix + value.name, onnx.helper.np_dtype_to_tensor_dtype(array.dtype),
                 list(array.shape)))
-        own_outputs[plan[k][0].call_id] = [prefix + v.name for v in other.outputs]
-        outputs.extend(onnx.ValueInfoProto(name=prefix + v.name) for v in other.outputs)
+        own_outputs[key] = [prefix + v.name for v in call.outputs]
+        outputs.extend(onnx.ValueInfoProto(name=prefix + v.name) for v in call.outputs)
     graph = onnx.helper.make_graph(nodes, "own_calls", inputs, outputs,
                                    list(proto.graph.initializer))
-    model = onnx.helper.make_model(graph, opset_imports=list(proto.opset_import),
-                                   ir_version=proto.ir_version)
-    return model, feeds, own_outputs
+    model_proto = onnx.helper.make_model(graph, opset_imports=list(proto.opset_import),
+                                         ir_version=proto.ir_version)
+    return model_proto, feeds, own_outputs
 
 
 def _as_dtype(array: np.ndarray, dtype: ir.DataType | None) -> np.ndarray:
@@ -316,10 +336,11 @@ def _with_constants(members: list[onnx.NodeProto], by_output: dict[str, onnx.Nod
 
 
 def _run(model: ir.Model | onnx.ModelProto, feeds: dict[str, np.ndarray], provider: str,
-         config: dict[str, str]) -> dict[str, np.ndarray]:
+         labelled: Labelled) -> dict[str, np.ndarray]:
     proto = model if isinstance(model, onnx.ModelProto) else ir.serde.serialize_model(model)
-    session, _ = runtime.make_session(proto.SerializeToString(), provider, config,
-                                      fuse=False, what="the module-by-module probe")
+    session, _ = runtime.make_session(proto.SerializeToString(), provider, labelled.config,
+                                      fuse=False, what="the module-by-module probe",
+                                      prepack=labelled.prepack)
     names = [o.name for o in session.get_outputs()]
     return dict(zip(names, session.run(names, feeds), strict=True))
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from onnx_modular._io import atomic_write_text
-from onnx_modular.check.call_stats import HIST_LABELS, CallError
+from onnx_modular.check.call_stats import HIST_LABELS, CallError, OwnError, OwnErrors
 from onnx_modular.check.extract import Extraction, extract
 from onnx_modular.check.judge import Localization
 from onnx_modular.check.localize import ValidationRun, localize
@@ -52,6 +52,18 @@ class ValidationReport(Report):
         """Module path of the first (deepest) diverging module call, or None."""
         loc = self.localization
         return loc.first.module_path if loc is not None and loc.first is not None else None
+
+    @property
+    def first_own_mismatch(self) -> str | None:
+        """Call id of the first module call whose own error (the call alone on torch's
+        inputs of it) leaves tolerance, or None: the layer a conversion hurts first."""
+        own = self.own
+        return own.first if own is not None else None
+
+    @property
+    def own(self) -> OwnErrors | None:
+        """Every module call's own error, when the report localized."""
+        return self.localization.own if self.localization is not None else None
 
     @property
     def source(self) -> LoadedModel | None:
@@ -165,6 +177,8 @@ class ValidationReport(Report):
         where = f"; first diverging module: {self.first_mismatch}" if self.first_mismatch else ""
         if self.localization is not None and self.first_mismatch is None:
             where = f"; no module localized ({self.localization.note or 'no module diverged'})"
+        if self.first_own_mismatch is not None:
+            where += f"; first module whose own error leaves tolerance: {self.first_own_mismatch}"
         return f"MISMATCH: {self.model} differs from torch on {', '.join(failed)}{where}"
 
     def __rich__(self) -> Any:
@@ -198,6 +212,9 @@ class ValidationReport(Report):
         growth = self._growth_table()
         if growth is not None:
             parts.append(growth)
+        own = self._own_table()
+        if own is not None:
+            parts.append(own)
         if self.skipped:
             parts.append(Text(self._skipped_line(), style="yellow"))
         parts.append(Text(self.summary(), style="green" if self.ok else "bold red"))
@@ -255,6 +272,7 @@ class ValidationReport(Report):
             else:
                 lines.append(self.localization.note or "No module call diverges.")
             lines += self._errors_markdown()
+            lines += self._own_markdown()
         return "\n".join(lines) + "\n"
 
     def _errors_markdown(self) -> list[str]:
@@ -276,6 +294,97 @@ class ValidationReport(Report):
             row[7] = " ".join(map(str, e.histogram))
         lines += [*md_table(self._ERR_HEAD, rows), "", "</details>"]
         return lines
+
+
+    # -- own errors ---------------------------------------------------------------------------
+
+    _OWN_HEAD = ["#", "module call", "type", "own max abs err", "own max rel err", "mismatched",
+                 "dtype", "in the model", "status", "note"]
+    #: The terminal shows every call up to this many; beyond, the failing ones and the first.
+    OWN_ROWS_SHOWN = 60
+
+    def _own_title(self) -> str:
+        return (f"Own error per module call on {short_provider(self.localization_provider or '')}"
+                " (each call alone on torch's inputs of it; execution order; 'in the model':"
+                " its max abs err after the drift before it)")
+
+    def _own_rows(self, calls: list[OwnError], indent: str) -> list[list[str]]:
+        own = self.own
+        first = own.first if own is not None else None
+
+        def status(c: OwnError) -> str:
+            if not c.compared:
+                return "not run"
+            if not c.ok:
+                return "FIRST" if c.call_id == first else "FAIL"
+            return "ok"
+
+        return [[str(i + 1), indent * c.depth + c.call_id,
+                 c.module_type.rsplit(".", 1)[-1],
+                 fmt_err(c.max_abs) if c.compared else "-",
+                 fmt_err(c.max_rel) if c.compared else "-",
+                 f"{c.mismatched}/{c.size}" if c.compared else "-", c.dtypes,
+                 fmt_err(c.propagated) if c.propagated is not None else "-", status(c), c.note]
+                for i, c in enumerate(calls)]
+
+    def _own_shown(self) -> tuple[list[OwnError], int]:
+        """The calls the terminal shows, and how many passing ones it leaves out."""
+        own = self.own
+        assert own is not None
+        if len(own.calls) <= self.OWN_ROWS_SHOWN:
+            return own.calls, 0
+        shown = [c for c in own.calls if not c.compared or not c.ok]
+        return shown, len(own.calls) - len(shown)
+
+    def _own_caption(self) -> str:
+        own = self.own
+        assert own is not None
+        compared = sum(c.compared for c in own.calls)
+        text = (f"first module call whose own error leaves tolerance: {own.first}"
+                if own.first else
+                f"every one of {compared} calls compared stays within tolerance on its own "
+                "(each at the precision it computes in)")
+        if compared < len(own.calls):
+            text += f"; {len(own.calls) - compared} not run (see note)"
+        return text
+
+    def _own_table(self) -> Any:
+        from rich.table import Table
+        from rich.text import Text
+
+        own = self.own
+        if own is None:
+            return None
+        if not own.calls:
+            return Text(f"Own errors per module call: none ({own.note})", style="yellow")
+        calls, hidden = self._own_shown()
+        caption = self._own_caption()
+        if hidden:
+            caption += (f"; {hidden} calls within tolerance not shown (the JSON and Markdown "
+                        "reports list every call)")
+        table = Table(title=self._own_title(), title_justify="left", caption=caption,
+                      caption_justify="left")
+        for h in self._OWN_HEAD:
+            table.add_column(h, justify="right" if "err" in h or h in ("mismatched",
+                                                                       "in the model")
+                             else "left", no_wrap=h in ("module call", "status"))
+        styles = {"ok": None, "FIRST": "bold red", "FAIL": "red", "not run": "yellow"}
+        for row in self._own_rows(calls, "  "):
+            table.add_row(*map(Text, row), style=styles[row[8]])
+        return table
+
+    def _own_markdown(self) -> list[str]:
+        own = self.own
+        if own is None:
+            return []
+        lines = ["", "## Own error by module call", ""]
+        if not own.calls:
+            return [*lines, f"Not measured: {own.note}"]
+        lines += [f"**{self._own_caption()}**", "",
+                  "Each module call run alone on the tensors torch passed it, against torch's "
+                  "outputs of it: the error the call adds (execution order; *in the model*: "
+                  "its max abs error after the drift before it).", ""]
+        return [*lines, *md_table(self._OWN_HEAD, self._own_rows(own.calls, "&nbsp;" * 2))]
 
 
 _BARS = " ▁▂▃▄▅▆▇█"

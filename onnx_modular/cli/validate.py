@@ -20,7 +20,8 @@ from onnx_modular.runtime import load_model
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """``validate MODEL --inputs INPUTS MODEL.onnx [--providers ...] [--rtol X] [--atol X]``."""
+    """``validate MODEL --inputs INPUTS MODEL.onnx [--providers ...] [--rtol X] [--atol X]
+    [--localize]``."""
     p = common.add_subcommand(subparsers, "validate", run,
                               help="compare torch eager with ONNX Runtime")
     common.add_model_inputs(p)
@@ -30,6 +31,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     common.add_providers(p)
     common.add_tolerances(p)
     common.add_report(p)
+    p.add_argument("--localize", action="store_true",
+                   help="localize even when every output matches: the module tables (each "
+                   "call's error in the model, and its own error on torch's inputs of it) "
+                   "are printed; on a mismatch they always are")
     p.add_argument("--extract", metavar="DIR",
                    help="write a repro of the first diverging module call (module.onnx, "
                    "inputs.npz, expected.npz, README.md) into DIR")
@@ -62,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     with common.step("Validating against ONNX Runtime"):
         rep = validate(model, inputs, loaded, kwargs=kwargs,
                        providers=providers, rtol=args.rtol, atol=args.atol,
-                       weights=args.weights)
+                       localize=True if args.localize else "auto", weights=args.weights)
     code = common.finish(rep, rep.ok, args.report)
     _repro(rep, args)
     return code
@@ -70,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_repro_flags(args: argparse.Namespace, parts: bool) -> None:
     """Flags that cannot work fail before the long work."""
-    for flag, value in (("--extract", args.extract), ("--node-data", args.node_data)):
+    for flag, value in (("--extract", args.extract), ("--node-data", args.node_data),
+                        ("--localize", args.localize or None)):
         if parts and value is not None:
             raise fail(f"{flag} needs one ONNX model, and {args.onnx} is a parts directory: "
                        "validate a part's model, or the unsplit export, for it",

@@ -466,10 +466,12 @@ def test_a_large_model_is_checked_without_prepacked_weights(tmp_path, monkeypatc
             model[2][0].weight.mul_(1.5)
     monkeypatch.setattr(runtime, "LARGE_MODEL_BYTES", 0)
     lean = om.validate(model, args, tmp_path / "m.onnx", providers="cpu", localize=True)
-    assert prepacked == [False, False]  # the plain session and the probe's
+    # the plain session, the probe's, and the own errors' (each call on torch's inputs)
+    lean_sessions = len(prepacked)
+    assert lean_sessions >= 3 and not any(prepacked)
     monkeypatch.setattr(runtime, "LARGE_MODEL_BYTES", 2**62)
     default = om.validate(model, args, tmp_path / "m.onnx", providers="cpu", localize=True)
-    assert len(prepacked) > 3 and all(prepacked[2:])
+    assert len(prepacked) > lean_sessions + 1 and all(prepacked[lean_sessions:])
     assert lean.ok == default.ok == (not broken)
     assert lean.first_mismatch == default.first_mismatch == ("2.0" if broken else None)
 
