@@ -1,4 +1,4 @@
-"""The one seam to private APIs of torch, onnxscript, onnx_ir and onnxruntime.
+"""The one seam to private APIs of torch, onnxscript, onnx_ir, onnxruntime and optimum.
 
 Everything here reaches past a library's public surface; nothing else in the package does
 (``tests/test_layout.py`` checks). An upgrade that moves one of these is one file's work.
@@ -713,3 +713,73 @@ def replaced_transformers_optimizer(
         stack.enter_context(_replaced_attribute(optimizer.OnnxModel, "save_model_to_file",
                                                 _saving_through(saving, "optimized")))
         yield
+
+
+# ---- optimum ---------------------------------------------------------------------------------
+
+#: Optimum's module of ``merge_decoders`` (``decoder_model_merged.onnx``).
+_OPTIMUM_MERGE = "optimum.onnx.graph_transformations"
+#: This thread's ``finish`` from the merge under way (``replaced_optimum_decoder_merge``).
+_merge_under_way = threading.local()
+
+
+def optimum_merge_imported() -> bool:
+    """Has this process imported Optimum's decoder merge? (Importing it here would import
+    transformers, seconds, for every hook.)"""
+    return _OPTIMUM_MERGE in sys.modules
+
+
+def _is_optimum_merged(model: Any) -> bool:
+    """The model ``merge_decoders`` builds: one ``If`` of the two decoders' graphs."""
+    graph = getattr(model, "graph", None)
+    return graph is not None and len(graph.node) == 1 and graph.node[0].op_type == "If"
+
+
+@contextlib.contextmanager
+def replaced_optimum_decoder_merge(
+        merging: Callable[[Any, Any], Callable[[Any], Callable[[str], None] | None] | None]
+        ) -> Iterator[None]:
+    """Optimum's ``merge_decoders`` where every call passes, however the function was
+    imported: the module globals it looks up at each call. Its first step with both decoders
+    loaded, ``_unify_onnx_outputs(decoder, decoder_with_past, ...)``, first asks
+    ``merging(decoder, decoder_with_past)`` (which may change both in place) for a ``finish``;
+    ``check_and_save_model`` of the merged ``If`` model it builds then calls
+    ``finish(merged)`` (which may change it in place) before checking and saving it, and
+    what that returns with the saved path. Nothing happens where the module was not
+    imported, or no longer has these steps."""
+    module = sys.modules.get(_OPTIMUM_MERGE)
+    if module is None or not all(hasattr(module, name) for name in
+                                 ("merge_decoders", "_unify_onnx_outputs",
+                                  "check_and_save_model")):
+        yield
+        return
+
+    def unify(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def _unify_onnx_outputs(model1: Any, model2: Any, *args: Any, **kwargs: Any) -> Any:
+            _merge_under_way.finish = merging(model1, model2)
+            return original(model1, model2, *args, **kwargs)
+        return _unify_onnx_outputs
+
+    def check_and_save(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def check_and_save_model(model: Any, save_path: Any, *args: Any, **kwargs: Any) -> Any:
+            finish = getattr(_merge_under_way, "finish", None)
+            if finish is None or not _is_optimum_merged(model):
+                return original(model, save_path, *args, **kwargs)
+            _merge_under_way.finish = None
+            saved = finish(model)
+            result = original(model, save_path, *args, **kwargs)
+            if saved is not None and save_path is not None:
+                saved(os.fspath(save_path))
+            return result
+        return check_and_save_model
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_replaced_attribute(module, "_unify_onnx_outputs", unify))
+        stack.enter_context(_replaced_attribute(module, "check_and_save_model",
+                                                check_and_save))
+        try:
+            yield
+        finally:
+            _merge_under_way.finish = None

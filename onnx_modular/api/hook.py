@@ -14,8 +14,8 @@ is open, and each replacement acts only for the thread (contextvars context) tha
 An export that stays flat says why in a :class:`HookWarning` (an error with ``strict=True``).
 
 ONNX Runtime's quantizers and transformers optimizer, run on a hierarchical model inside a
-hook, work on its inlined form and write their result outlined again
-(:mod:`onnx_modular.api.hook_tools`).
+hook, work on its inlined form and write their result outlined again; Optimum's merge of two
+decoders keeps their functions (:mod:`onnx_modular.api.hook_tools`).
 """
 
 from __future__ import annotations
@@ -141,6 +141,9 @@ def _active() -> HookSession | None:
     return sessions[-1] if sessions else None
 
 
+_tools = Tools(_active)  # ORT's tools and Optimum's merge, patched while any hook is open
+
+
 # ---- the dynamo path -------------------------------------------------------------------------
 
 def _hierarchical(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -183,6 +186,7 @@ def _emit(onnx_program: torch.onnx.ONNXProgram, session: HookSession,
         lowered = lower_onnx_program(onnx_program, ctx, with_calls=needs_calls(options))
         emit_whole(lowered, options, ctx)
     functions = tuple(sorted({f.name for f in onnx_program.model.functions.values()}))
+    _tools.notice_libraries()  # a library imported since the hook opened (Optimum's merge)
     record = HookedExport(None, functions, None, ctx.diagnostics)
     session.exports.append(record)
     for diagnostic in ctx.of_level(Level.WARNING):
@@ -408,7 +412,7 @@ def _install() -> None:
         if _users == 0:
             _installed.enter_context(replaced_torch_onnx_export(_hierarchical))
             _installed.enter_context(replaced_torchscript_export(_through_dynamo))
-            _installed.enter_context(Tools(_active).installed())
+            _installed.enter_context(_tools.installed())
         _users += 1
 
 

@@ -9,17 +9,25 @@ outlined again (``om.outline``) in place. Where outlining fails the flat result 
 
 The model carries a mark (a model ``metadata_props`` entry) from the inlining to the save,
 across the tool's own copies and files; the save takes it off.
+
+Optimum's ``merge_decoders`` (its post-processing of decoders exported without and with
+past) builds a new model whose ``If`` branches are the two decoders' graphs, without their
+local functions. While a hook is open the functions are carried into the merged model: one
+copy of each function the two decoders hold alike, and those of the decoder with past that
+differ under a name of their own (their calls in that branch and bodies renamed alike).
+Where that fails the merged file is flat, with a ``HookWarning``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +36,14 @@ import onnx_ir as ir
 
 from onnx_modular._compat import (
     ir_save_external,
+    optimum_merge_imported,
+    replaced_optimum_decoder_merge,
     replaced_ort_quantization,
     replaced_transformers_optimizer,
 )
 from onnx_modular._io import save_model
 from onnx_modular.api.outline import outline
+from onnx_modular.emit.canonical import graph_key
 from onnx_modular.emit.scopes import inline_labelled
 from onnx_modular.metadata import LABELS, META_PATH
 from onnx_modular.runtime import first_line
@@ -62,12 +73,33 @@ class Tools:
 
     def __init__(self, active: Callable[[], Any]) -> None:
         self.active = active
+        self._late: contextlib.ExitStack | None = None  # patches made after installation
+        self._merge_patched = False
+        self._lock = threading.Lock()
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
         with replaced_ort_quantization(self.prepare, self.saving), \
-                replaced_transformers_optimizer(self.prepare, self.prepare_source, self.saving):
-            yield
+                replaced_transformers_optimizer(self.prepare, self.prepare_source, self.saving), \
+                contextlib.ExitStack() as late:
+            with self._lock:
+                self._late, self._merge_patched = late, False
+            self.notice_libraries()
+            try:
+                yield
+            finally:
+                with self._lock:
+                    self._late = None
+
+    def notice_libraries(self) -> None:
+        """Patch Optimum's decoder merge once this process has imported it: the hook opens
+        before a launched ``optimum-cli`` imports it, and its merge follows its exports, so
+        each hooked export looks again."""
+        with self._lock:
+            if self._late is None or self._merge_patched or not optimum_merge_imported():
+                return
+            self._late.enter_context(replaced_optimum_decoder_merge(self.merging))
+            self._merge_patched = True
 
     # ---- before the tool ------------------------------------------------------------------
 
@@ -152,6 +184,158 @@ class Tools:
         if session is not None:
             functions = tuple(sorted({f.name for f in result.model.functions.values()}))
             session.tool_outlined(str(path), functions, result.diagnostics)
+
+    # ---- Optimum's decoder merge ------------------------------------------------------------
+
+    def merging(self, decoder: onnx.ModelProto, with_past: onnx.ModelProto
+                ) -> Callable[[onnx.ModelProto], Callable[[str], None] | None] | None:
+        """Before ``merge_decoders`` reads the two decoders: the functions the merged model
+        needs (``with_past``'s differing ones renamed in place), or, where that fails, both
+        decoders inlined in place; returns what completes the merged model."""
+        session = self.active()
+        if session is None or not (len(decoder.functions) or len(with_past.functions)):
+            return None
+        domains = {f.domain for f in (*decoder.functions, *with_past.functions)}
+        ir_version = max(decoder.ir_version, with_past.ir_version)
+        functions: list[onnx.FunctionProto] | None = None
+        reason: str | None = None
+        try:
+            functions = carried_functions(decoder, with_past)
+        except Exception as e:
+            reason = f"carrying the decoders' functions failed ({type(e).__name__}: " \
+                     f"{first_line(e)})"
+            try:
+                for proto in (decoder, with_past):
+                    _inline_in_place(proto)
+            except Exception:
+                return None  # Optimum's own merge, as without the hook
+
+        def finish(merged: onnx.ModelProto) -> Callable[[str], None]:
+            nonlocal reason
+            if functions is not None:
+                reason = _complete_merged(merged, functions, domains, ir_version)
+
+            def saved(path: str) -> None:
+                if reason is not None:
+                    session.tool_stays_flat(path, f"the merged decoder '{path}' is flat: "
+                                                  f"{reason}")
+                else:
+                    names = tuple(sorted({f.name for f in functions or ()}))
+                    session.tool_outlined(path, names, [])
+
+            return saved
+
+        return finish
+
+
+def carried_functions(first: onnx.ModelProto, second: onnx.ModelProto
+                      ) -> list[onnx.FunctionProto]:
+    """The functions of two models whose graphs become one model's subgraphs: one copy of
+    each function both hold alike (same body up to value names and labels), and those of
+    ``second`` that differ from a function of ``first`` of the same name renamed, in place,
+    with their calls in ``second`` (its graph, subgraphs and function bodies). A function
+    that calls a renamed one differs too; ``second``'s other functions are kept."""
+    def key(f: onnx.FunctionProto) -> tuple[str, str, str]:
+        return f.domain, f.name, f.overload
+
+    own = {key(f): f for f in first.functions}
+    theirs = {key(f): f for f in second.functions}
+    calls = {k: {_call_key(n) for n in _all_nodes(f.node)} & theirs.keys()
+             for k, f in theirs.items()}
+    renamed = {k for k in theirs.keys() & own.keys() if _body_key(own[k]) != _body_key(theirs[k])}
+    while True:  # a caller's body changes with its callee's name
+        more = {k for k in theirs.keys() & own.keys() - renamed if calls[k] & renamed}
+        if not more:
+            break
+        renamed |= more
+    taken = {*own, *theirs}
+    names: dict[tuple[str, str, str], str] = {}
+    for f in second.functions:
+        if key(f) in renamed:
+            base = re.sub(r"_\d+$", "", f.name)
+            n = 1
+            while (f.domain, f"{base}_{n}", f.overload) in taken:
+                n += 1
+            names[key(f)] = f"{base}_{n}"
+            taken.add((f.domain, names[key(f)], f.overload))
+    for node in _all_nodes([*second.graph.node, *(n for f in second.functions for n in f.node)]):
+        new = names.get(_call_key(node))
+        if new is not None:
+            node.op_type = new
+    kept = []
+    for f in second.functions:
+        if key(f) in names:
+            f.name = names[key(f)]
+        if key(f) not in own:  # renamed now, or only in ``second``
+            kept.append(f)
+    return [*first.functions, *kept]
+
+
+def _call_key(node: onnx.NodeProto) -> tuple[str, str, str]:
+    return node.domain, node.op_type, node.overload
+
+
+def _all_nodes(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.NodeProto]:
+    """``nodes`` and the nodes of their subgraphs, at any depth."""
+    for node in nodes:
+        yield node
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _all_nodes(attr.g.node)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for graph in attr.graphs:
+                    yield from _all_nodes(graph.node)
+
+
+def _body_key(f: onnx.FunctionProto) -> tuple[object, ...]:
+    """Equal for interchangeable functions: the body's structure (not its value names or
+    labels), its interface and the opsets it imports."""
+    function = ir.serde.deserialize_function(f)
+    return (graph_key(function.graph, signature=False), len(f.input), len(f.output),
+            tuple(f.attribute), tuple(a.SerializeToString() for a in f.attribute_proto),
+            tuple(sorted((o.domain, o.version) for o in f.opset_import)))
+
+
+def _complete_merged(merged: onnx.ModelProto, functions: list[onnx.FunctionProto],
+                     domains: set[str], ir_version: int) -> str | None:
+    """Give the merged model (in place) the functions its branches call and the imports of
+    their domains; None when it then checks, else why it was inlined instead."""
+    merged.functions.extend(functions)
+    imported = {o.domain for o in merged.opset_import}
+    for f in functions:
+        for o in [*f.opset_import, onnx.helper.make_opsetid(f.domain, 1)]:
+            if o.domain not in imported:
+                merged.opset_import.append(o)
+                imported.add(o.domain)
+    merged.ir_version = max(merged.ir_version, ir_version)  # the functions' fields need it
+    try:
+        check_merged(merged, domains)
+        return None
+    except Exception as e:
+        reason = f"the merged model with its functions does not check ({type(e).__name__}: " \
+                 f"{first_line(e)})"
+    merged.CopyFrom(onnx.inliner.inline_local_functions(merged))
+    return reason
+
+
+def check_merged(merged: onnx.ModelProto, domains: set[str]) -> None:
+    """Raise unless every call of a function domain resolves and ONNX's checker passes
+    (Optimum's own check would otherwise fail, or ONNX Runtime at loading)."""
+    defined = {(f.domain, f.name, f.overload) for f in merged.functions}
+    every = _all_nodes([*merged.graph.node, *(n for f in merged.functions for n in f.node)])
+    missing = sorted({f"{n.domain}:{n.op_type}" for n in every
+                      if n.domain in domains and _call_key(n) not in defined})
+    if missing:
+        raise ValueError(f"calls without a function: {', '.join(missing[:4])}")
+    if merged.ByteSize() < onnx.checker.MAXIMUM_PROTOBUF:  # larger ones check from the file
+        onnx.checker.check_model(merged)
+
+
+def _inline_in_place(proto: onnx.ModelProto) -> None:
+    """Replace ``proto`` by its inlined form (module labels kept on every copy)."""
+    model = ir.serde.deserialize_model(proto)
+    inline_labelled(model)
+    proto.CopyFrom(ir.serde.serialize_model(model))
 
 
 def _register(reference: onnx.ModelProto | None) -> str:

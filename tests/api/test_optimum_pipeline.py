@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
+import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 import torch
+from onnx import TensorProto, helper
 
 pytest.importorskip("optimum.exporters.onnx", reason=(
     "the released optimum-onnx is an optional test dependency with its own transformers: "
@@ -31,6 +35,10 @@ def _save(tmp_path: Path, name: str) -> Path:
     if name == "gpt2":
         model = t.GPT2LMHeadModel(t.GPT2Config(n_layer=LAYERS, n_embd=32, n_head=4,
                                                vocab_size=128, n_positions=64))
+    elif name == "t5":
+        model = t.T5ForConditionalGeneration(t.T5Config(
+            d_model=32, d_ff=64, d_kv=8, num_heads=4, num_layers=2, num_decoder_layers=2,
+            vocab_size=100, decoder_start_token_id=0))
     elif name == "llama":
         model = t.LlamaForCausalLM(t.LlamaConfig(
             num_hidden_layers=LAYERS, hidden_size=32, intermediate_size=64,
@@ -131,3 +139,143 @@ def test_ortquantizer_in_a_hook_quantizes_and_keeps_the_layers(tmp_path) -> None
     assert _calls(path, "BertLayer")[1] == LAYERS
     flat = onnx.inliner.inline_local_functions(onnx.load(str(path)))
     assert sum(n.op_type == "MatMulInteger" for n in flat.graph.node) > 0
+
+
+# ---- Optimum's merge of the decoders without and with past (seq2seq) -----------------------
+
+def _merged_feeds(session: ort.InferenceSession, use_cache: bool) -> dict[str, np.ndarray]:
+    """Inputs of a merged T5 decoder: one new token after 3 past ones, or 4 tokens without."""
+    rng = np.random.default_rng(0)
+    sizes = {"batch_size": 2, "encoder_sequence_length": 5,
+             "decoder_sequence_length": 1 if use_cache else 4, "past_decoder_sequence_length": 3}
+    feeds = {}
+    for i in session.get_inputs():
+        shape = [d if isinstance(d, int) else sizes[d] for d in i.shape]
+        if i.name == "use_cache_branch":
+            feeds[i.name] = np.array([use_cache])
+        elif i.name == "input_ids":
+            feeds[i.name] = rng.integers(0, 100, shape, dtype=np.int64)
+        elif i.type == "tensor(int64)":
+            feeds[i.name] = np.ones(shape, dtype=np.int64)
+        else:
+            feeds[i.name] = rng.standard_normal(shape).astype(np.float32)
+    return feeds
+
+
+def test_seq2seq_with_past_merges_the_decoders_hierarchically_and_like_the_flat_pipeline(
+        tmp_path) -> None:
+    """Optimum's default post-processing merges decoder_model.onnx and
+    decoder_with_past_model.onnx into one If model; in a hook it carries their functions."""
+    from optimum.exporters.onnx import main_export
+
+    source = _save(tmp_path, "t5")
+    main_export(str(source), tmp_path / "flat", task="text2text-generation-with-past")
+    with om.hook() as session:  # main_export validates both branches against torch
+        main_export(str(source), tmp_path / "hier", task="text2text-generation-with-past")
+    path = tmp_path / "hier" / "decoder_model_merged.onnx"
+    assert [(Path(r.path).name, r.hierarchical) for r in session.rewrites] == [
+        ("decoder_model_merged.onnx", True)], session.rewrites
+    merged = onnx.load(str(path))
+    onnx.checker.check_model(merged, full_check=True)  # every call resolves
+    names = {f.name for f in merged.functions}
+    assert {"T5Block", "T5LayerFF", "Embedding"} <= names
+    branches = {a.name: {n.op_type for n in a.g.node} for a in merged.graph.node[0].attribute}
+    assert "T5Stack" in branches["else_branch"]  # the decoder without past
+    stacks = {n for n in branches["then_branch"] & names if n.startswith("T5Stack")}
+    assert len(stacks) == 1 and stacks != {"T5Stack"}  # with past: its own body, renamed
+
+    hier = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    flat = ort.InferenceSession(str(tmp_path / "flat" / "decoder_model_merged.onnx"),
+                                providers=["CPUExecutionProvider"])
+    outputs = [o.name for o in flat.get_outputs()]
+    assert [o.name for o in hier.get_outputs()] == outputs
+    for use_cache in (False, True):
+        feeds = _merged_feeds(flat, use_cache)
+        for name, got, want in zip(outputs, hier.run(None, feeds), flat.run(None, feeds)):
+            assert got.shape == want.shape, (use_cache, name)
+            np.testing.assert_allclose(got, want, atol=1e-5, rtol=0, err_msg=f"{use_cache} {name}")
+
+
+def _decoder(inner: str, name: str) -> onnx.ModelProto:
+    """y = Outer(x), Outer(x) = Inner(x) + Leaf(x), Inner(x) = ``inner``(x): two such
+    decoders hold functions of one name with different bodies and callers that differ only
+    in what they call (nested)."""
+    def function(fname: str, nodes: list[onnx.NodeProto]) -> onnx.FunctionProto:
+        return helper.make_function("m", fname, ["a"], ["b"], nodes,
+                                    [helper.make_opsetid("", 18), helper.make_opsetid("m", 1)])
+
+    functions = [function("Leaf", [helper.make_node("Identity", ["a"], ["b"])]),
+                 function("Inner", [helper.make_node(inner, ["a"], ["b"])]),
+                 function("Outer", [helper.make_node("Inner", ["a"], ["i"], domain="m"),
+                                    helper.make_node("Leaf", ["a"], ["l"], domain="m"),
+                                    helper.make_node("Add", ["i", "l"], ["b"])])]
+    graph = helper.make_graph(
+        [helper.make_node("Outer", ["x"], ["y"], domain="m", name=name)], name,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])])
+    return helper.make_model(graph, functions=functions, ir_version=10, opset_imports=[
+        helper.make_opsetid("", 18), helper.make_opsetid("m", 1)])
+
+
+def _run_branches(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = np.array([-2.0, -0.5, 0.0, 1.5], dtype=np.float32)
+    return tuple(session.run(None, {"x": x, "use_cache_branch": np.array([b])})[0]
+                 for b in (False, True))
+
+
+def test_merge_renames_differing_functions_and_their_callers_and_shares_the_rest(
+        tmp_path) -> None:
+    from optimum.onnx import merge_decoders
+
+    with om.hook() as session:
+        merge_decoders(_decoder("Relu", "no_past"), _decoder("Neg", "with_past"),
+                       save_path=tmp_path / "merged.onnx")
+    merged = onnx.load(str(tmp_path / "merged.onnx"))
+    onnx.checker.check_model(merged, full_check=True)
+    assert sorted(f.name for f in merged.functions) == [
+        "Inner", "Inner_1", "Leaf", "Outer", "Outer_1"]  # one Leaf: the same body
+    bodies = {f.name: [n.op_type for n in f.node] for f in merged.functions}
+    assert bodies["Outer_1"] == ["Inner_1", "Leaf", "Add"]  # its nested call renamed too
+    assert [r.hierarchical for r in session.rewrites] == [True]
+    x = np.array([-2.0, -0.5, 0.0, 1.5], dtype=np.float32)
+    no_past, with_past = _run_branches(tmp_path / "merged.onnx")
+    np.testing.assert_array_equal(no_past, np.maximum(x, 0) + x)
+    np.testing.assert_array_equal(with_past, -x + x)
+
+
+@pytest.mark.parametrize("step", ["carried_functions", "check_merged"])
+def test_merge_that_cannot_carry_the_functions_is_flat_with_a_warning(
+        tmp_path, monkeypatch, step) -> None:
+    """Carrying fails (the decoders are inlined before the merge) or the merged model with
+    its functions does not check (it is inlined): a flat, correct file and a warning."""
+    from optimum.onnx import merge_decoders
+
+    from onnx_modular.api import hook_tools
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("no way")
+
+    monkeypatch.setattr(hook_tools, step, broken)
+    with om.hook() as session, pytest.warns(om.HookWarning, match="merged decoder.*no way"):
+        merge_decoders(_decoder("Relu", "no_past"), _decoder("Neg", "with_past"),
+                       save_path=tmp_path / "merged.onnx")
+    merged = onnx.load(str(tmp_path / "merged.onnx"))
+    assert not merged.functions and [r.hierarchical for r in session.rewrites] == [False]
+    onnx.checker.check_model(merged, full_check=True)
+    x = np.array([-2.0, -0.5, 0.0, 1.5], dtype=np.float32)
+    no_past, with_past = _run_branches(tmp_path / "merged.onnx")
+    np.testing.assert_array_equal(no_past, np.maximum(x, 0) + x)
+    np.testing.assert_array_equal(with_past, -x + x)
+
+
+def test_merge_outside_a_hook_is_optimums_own(tmp_path) -> None:
+    from optimum.onnx import merge_decoders
+
+    with om.hook():
+        pass  # installed and removed again
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", om.HookWarning)
+        merge_decoders(_decoder("Relu", "no_past"), _decoder("Neg", "with_past"),
+                       save_path=tmp_path / "merged.onnx")
+    assert not onnx.load(str(tmp_path / "merged.onnx")).functions  # as Optimum writes it
