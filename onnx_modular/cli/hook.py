@@ -234,9 +234,9 @@ def _summarize(session: HookSession) -> None:
     for record in exports:
         style = "yellow" if record.flat_reason is not None else "green"
         common.err.print(f"  [{style}]{escape(str(record))}[/{style}]", highlight=False)
-    if session.rewrites:  # files a quantizer or optimizer wrote from a hierarchical model
-        common.err.print(f"onnx_modular hook: {len(session.rewrites)} file(s) quantized or "
-                         "optimized, then outlined again")
+    if session.rewrites:  # files a quantizer, optimizer or merge wrote from hierarchical ones
+        common.err.print(f"onnx_modular hook: {len(session.rewrites)} file(s) a tool rewrote "
+                         "(quantized, optimized, merged), kept hierarchical")
         for record in session.rewrites:
             style = "yellow" if record.flat_reason is not None else "green"
             common.err.print(f"  [{style}]{escape(str(record))}[/{style}]", highlight=False)

@@ -214,5 +214,5 @@ def test_the_launcher_runs_a_script_that_exports_and_quantizes(tmp_path) -> None
     assert done.returncode == 0, done.stderr[-3000:]
     functions, ops = _ops(tmp_path / "model.int8.onnx")
     assert functions > 0 and ops["MatMulInteger"] == 7 and ops["DynamicQuantizeLinear"] == 7
-    assert "1 file(s) quantized or optimized, then outlined again" in done.stderr
+    assert "1 file(s) a tool rewrote (quantized, optimized, merged)" in done.stderr
     assert "model.int8.onnx: hierarchical" in done.stderr
