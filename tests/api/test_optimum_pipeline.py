@@ -279,3 +279,56 @@ def test_merge_outside_a_hook_is_optimums_own(tmp_path) -> None:
         merge_decoders(_decoder("Relu", "no_past"), _decoder("Neg", "with_past"),
                        save_path=tmp_path / "merged.onnx")
     assert not onnx.load(str(tmp_path / "merged.onnx")).functions  # as Optimum writes it
+
+
+# ---- sentence-transformers' quantized ONNX export ---------------------------------------------
+
+def _sentence_transformer(root: Path) -> Path:
+    """A tiny BERT sentence encoder (its own word-piece vocabulary), saved as
+    sentence-transformers saves one."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers import models as st_models
+
+    torch.manual_seed(0)
+    bert = root / "bert"
+    bert.mkdir(parents=True)
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *(f"w{i}" for i in range(60))]
+    (bert / "vocab.txt").write_text("\n".join(words) + "\n")
+    transformers.BertTokenizer(str(bert / "vocab.txt")).save_pretrained(bert)
+    transformers.BertModel(transformers.BertConfig(
+        num_hidden_layers=LAYERS, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+        vocab_size=len(words), max_position_embeddings=64)).eval().save_pretrained(bert)
+    word = st_models.Transformer(str(bert))
+    pooling = st_models.Pooling(word.get_word_embedding_dimension())
+    SentenceTransformer(modules=[word, pooling]).save(str(root / "st"))
+    return root / "st"
+
+
+def _quantized_by_sentence_transformers(root: Path, hooked: bool) -> onnx.ModelProto:
+    from sentence_transformers import SentenceTransformer, export_dynamic_quantized_onnx_model
+
+    directory = _sentence_transformer(root)
+    with om.hook() if hooked else warnings.catch_warnings():
+        model = SentenceTransformer(str(directory), backend="onnx")  # exports through Optimum
+        export_dynamic_quantized_onnx_model(model, "avx512_vnni", str(directory))
+    (path,) = directory.rglob("model_qint8_avx512_vnni.onnx")
+    return onnx.load(str(path))
+
+
+def test_sentence_transformers_quantized_export_in_a_hook_is_quantized_and_hierarchical(
+        tmp_path) -> None:
+    """The red team's case: under the hook ``model_qint8_avx512_vnni.onnx`` was the fp32
+    model bit for bit. Now it holds the flat pipeline's quantized ops, and its layers."""
+    pytest.importorskip("sentence_transformers")
+    hooked = _quantized_by_sentence_transformers(tmp_path / "hook", hooked=True)
+    flat = _quantized_by_sentence_transformers(tmp_path / "flat", hooked=False)
+
+    def quantized(model: onnx.ModelProto) -> int:
+        inlined = onnx.inliner.inline_local_functions(model) if model.functions else model
+        return sum(n.op_type in ("MatMulInteger", "DynamicQuantizeLinear")
+                   for n in inlined.graph.node)
+
+    assert not flat.functions and quantized(flat) > 0
+    assert quantized(hooked) == quantized(flat)
+    names = {f.name for f in hooked.functions}
+    assert "BertLayer" in names
