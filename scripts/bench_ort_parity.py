@@ -1,0 +1,89 @@
+"""How ONNX Runtime optimizes and loads the hierarchical file against torch.onnx's flat one.
+
+ONNX Runtime inlines every local function at load and then optimizes; what it can fuse and
+how long it takes to load say whether a hierarchical file costs anything at run time. For
+the architectures given, at static and dynamic (batch, sequence) shapes, prints the node
+count after ORT's extended offline optimization (hierarchical, flat, and the operators
+that differ) and the session creation time ratio (median of --runs).
+Targets (issue 32): equal nodes at static shapes, at most 2 shape nodes more per layer call
+under dynamic shapes; session creation <= 1.2x on the 24-layer GPT-2.
+Usage: python scripts/bench_ort_parity.py [--models gpt2 llama] [--layers 4] [--runs 7]
+       python scripts/bench_ort_parity.py --models gpt2 --layers 24 --static-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import logging
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import onnx
+import onnxruntime as ort
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import onnx_modular as om
+from onnx_modular.lower.translate import quiet_torch_onnx
+from tests import models
+
+
+def _optimized_ops(path: Path) -> collections.Counter[str]:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(path.with_suffix(".opt.onnx"))
+    options.log_severity_level = 4
+    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    model = onnx.load(str(path.with_suffix(".opt.onnx")))
+    return collections.Counter(n.op_type for n in model.graph.node)
+
+
+def _session_seconds(path: Path, runs: int) -> float:
+    times = []
+    for _ in range(runs):
+        options = ort.SessionOptions()
+        options.log_severity_level = 4
+        start = time.perf_counter()
+        ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["gpt2", "llama"])
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--static-only", action="store_true")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    print(f"{'model':>6} {'shapes':>7} {'hier':>5} {'flat':>5} {'per layer':>9} "
+          f"{'session':>8}  operators that differ (hierarchical - flat)")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models:
+            for dynamic in ([False] if args.static_only else [False, True]):
+                model, inputs = getattr(models, name)(args.layers)
+                shapes = ({0: torch.export.Dim("batch", min=1, max=32),
+                           1: torch.export.Dim("seq", min=2, max=32)},) if dynamic else None
+                hier = Path(tmp, f"{name}_{dynamic}_hier.onnx")
+                flat = Path(tmp, f"{name}_{dynamic}_flat.onnx")
+                om.export(model, inputs, dynamic_shapes=shapes).save(hier)
+                with quiet_torch_onnx(), torch.no_grad():
+                    torch.onnx.export(model, inputs, dynamic_shapes=shapes,
+                                      dynamo=True).save(str(flat))
+                a, b = _optimized_ops(hier), _optimized_ops(flat)
+                differ = {k: a[k] - b[k] for k in sorted(set(a) | set(b)) if a[k] != b[k]}
+                ratio = _session_seconds(hier, args.runs) / _session_seconds(flat, args.runs)
+                extra = (sum(a.values()) - sum(b.values())) / args.layers
+                print(f"{name:>6} {'dynamic' if dynamic else 'static':>7} {sum(a.values()):>5} "
+                      f"{sum(b.values()):>5} {extra:>+9.1f} {ratio:>7.2f}x  {differ}")
+
+
+if __name__ == "__main__":
+    main()
