@@ -23,7 +23,7 @@ from onnx_modular.diagnostics import DiagnosticContext, OnnxModularError, record
 from onnx_modular.emit.explain import annotate_differences
 from onnx_modular.emit.infra import calls_of_missing_functions, listed
 from onnx_modular.emit.outline import OutlineReport, Select, outline_nodes
-from onnx_modular.emit.pipeline import EmitOptions
+from onnx_modular.emit.pipeline import EmitOptions, report_outline
 from onnx_modular.emit.scopes import (
     ScopeReport,
     inline_labelled,
@@ -98,7 +98,7 @@ def outline(onnx_model: OnnxModelSource, functions: FunctionSelection = "all",
         ctx.note(rules.UNOUTLINED, reason=(
             "modules called more than once, told apart by the data flow: "
             + listed(found.repeated)))
-    ctx.note(rules.FUNCTION_SUMMARY, functions=report.functions, calls=report.calls)
+    report_outline(ctx, select, report)
     return ExportResult(model, ctx.diagnostics, None, None, report)
 
 
@@ -152,7 +152,11 @@ def _outline_once(model: ir.Model, loaded: LoadedModel, select: Select | None, d
     if select is not None or flat:
         per_node = [tuple(c for c in chain if c.call_id not in flat
                           and (select is None or select(c))) for chain in per_node]
-    report = outline_nodes(model, nodes, per_node, dedupe=dedupe)
+    try:
+        report = outline_nodes(model, nodes, per_node, dedupe=dedupe)
+    except ValueError as e:  # a placement the graph cannot take (a cycle): a defect of ours
+        raise fail(f"cannot outline '{loaded.label}': {first_line(e)} (an onnx_modular "
+                   "defect: please report it)", rules.TRANSLATION) from e
     if model.functions and (model.ir_version or 0) < _FUNCTIONS_IR_VERSION:
         model.ir_version = _FUNCTIONS_IR_VERSION
     if dedupe:

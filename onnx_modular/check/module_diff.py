@@ -226,15 +226,35 @@ def _gather(values: dict[str, np.ndarray], outputs: dict[str, list[str]]
 
 def _pair(mine: Sequence[ir.Value], theirs: Sequence[ir.Value]) -> list[ir.Value] | None:
     """For each of b's values at its call's edge, a's value at the same call's edge it
-    stands for: the one of the same name, else the one in the same place; None when they
-    cannot be paired (a name alone is not enough: an inlined copy may reuse the name of a
-    value of another call)."""
+    stands for: the one of the same name; one a tool renamed pairs with the one a value of
+    its type and shape can only be. None where that is ambiguous (two of a kind: the order
+    of first use a tool may change says nothing) or impossible: the call is not compared."""
     by_name = {v.name: v for v in theirs}
-    if all(v.name in by_name for v in mine):
-        return [by_name[v.name] for v in mine]
-    if len(mine) != len(theirs):
-        return None
-    return list(theirs)
+    paired: list[ir.Value | None] = [by_name.get(v.name) for v in mine]
+    left = [v for v in theirs if v not in paired]
+    for k, value in enumerate(mine):
+        if paired[k] is not None:
+            continue
+        fits = [v for v in left if _alike(value, v)]
+        if len(fits) != 1 or sum(_alike(other, fits[0]) for other, p in zip(mine, paired)
+                                 if p is None) != 1:
+            return None
+        paired[k] = fits[0]
+        left.remove(fits[0])
+    return paired  # type: ignore[return-value]
+
+
+def _alike(b: ir.Value, a: ir.Value) -> bool:
+    """The same shape (as far as both are known) and a dtype b could stand for a's in (any
+    float for a float: an fp16 model's value for an fp32 one's)."""
+    if b.dtype != a.dtype and not (b.dtype is not None and a.dtype is not None
+                                   and b.dtype.is_floating_point()
+                                   and a.dtype.is_floating_point()):
+        return False
+    if b.shape is None or a.shape is None:
+        return b.shape is None and a.shape is None
+    return len(b.shape) == len(a.shape) and all(
+        str(x) == str(y) for x, y in zip(b.shape, a.shape, strict=True))
 
 
 def run_exposing(labelled: Labelled, names: set[str], feeds: dict[str, np.ndarray],

@@ -226,10 +226,18 @@ def _judged(tcall: TorchCall, order: int, actual: list[np.ndarray], precision: s
     """The call's outputs on torch's inputs against torch's outputs of it."""
     expected = tcall.intact_outputs()
     compared: list[tuple[np.ndarray, torch.Tensor, Diff]] = []
-    for value in actual:
-        found = closest(value, expected, rtol, atol)
-        if found is not None:
-            compared.append((value, found[1], _diff(value, found[1], precision, rtol, atol)))
+    if len(actual) == len(expected) and all(
+            value.shape == tuple(t.shape) for value, t in zip(actual, expected, strict=True)):
+        pairs = list(zip(actual, expected, strict=True))  # the call's outputs, in order
+    else:  # each ONNX output with the closest torch output of its shape, one to one
+        pairs, left = [], list(expected)
+        for value in actual:
+            found = closest(value, left, rtol, atol)
+            if found is not None:
+                pairs.append((value, found[1]))
+                left = [t for t in left if t is not found[1]]
+    for value, tensor in pairs:
+        compared.append((value, tensor, _diff(value, tensor, precision, rtol, atol)))
     if not compared:
         return _not_run(tcall, order, "no output of the ONNX call has the shape of a torch "
                         "output of it")

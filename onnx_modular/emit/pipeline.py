@@ -44,7 +44,8 @@ from onnx_modular.emit.sizes import MergeShapeSlices
 from onnx_modular.emit.verify import Verify
 from onnx_modular.errors import fail, rules
 
-__all__ = ["Chains", "EmitOptions", "EmitReport", "emit_model", "program_weights"]
+__all__ = ["Chains", "EmitOptions", "EmitReport", "emit_model", "program_weights",
+           "report_outline"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,18 +102,25 @@ def emit_model(model: ir.Model, chains: Chains, weights: frozenset[str] | set[st
                                              fx_node=repair.fx_node), reason=(
             f"node '{repair.fx_node}' in module '{repair.module_path or '<root>'}': "
             f"{repair.what}"))
+    report_outline(ctx, select, report.outline)
+    return report
+
+
+def report_outline(ctx: DiagnosticContext, select: Select | None,
+                   outline: OutlineReport | None) -> None:
+    """What outlining made, as diagnostics: a ``functions=`` name that matched nothing (a
+    warning: a misspelt class would leave the model flat), calls with no used output, the
+    count of functions for calls. Shared by the pipeline and ``om.outline``."""
     if isinstance(select, Selection) and select.unmatched():
         ctx.warn(rules.UNOUTLINED, reason=(
             f"functions={select.unmatched()} matched no module call (by class, class "
             "name or module path)"))
-    if report.outline is not None:
-        for call_id in report.outline.skipped:
+    if outline is not None:
+        for call_id in outline.skipped:
             ctx.note(rules.UNOUTLINED, Location(module_path=call_id),
                      reason=f"module call '{call_id}' has no output used outside it; "
                      "its nodes stay in the parent")
-        ctx.note(rules.FUNCTION_SUMMARY, functions=report.outline.functions,
-                 calls=report.outline.calls)
-    return report
+        ctx.note(rules.FUNCTION_SUMMARY, functions=outline.functions, calls=outline.calls)
 
 
 def _steps(options: EmitOptions, chains: Chains, weights: frozenset[str] | set[str],

@@ -223,7 +223,9 @@ class _Calls:
             return
         inside = set(members)
         between = self._between(inside, members[0], members[-1])
-        movable = [i for i in between if not self.labelled[i]]
+        # an unlabelled node not placed at this depth yet (one another call at this depth
+        # took in already stays there: moving it again would leave that call non-convex)
+        movable = [i for i in between if not self.labelled[i] and len(self.ids[i]) <= depth]
         if between and len(movable) == len(between):
             chain, ids = self.frames[members[0]][:depth + 1], self.ids[members[0]][:depth]
             for i in movable:

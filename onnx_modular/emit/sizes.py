@@ -140,6 +140,8 @@ def _shape_from(shape: ir.Node, activations: Sequence[tuple[ir.Value, ir.Value]]
         if isinstance(dim, int):
             parts.append(dim)
             continue
+        if not _named(dim):  # an unknown dimension equals nothing, not another unknown one
+            return None
         found = _axis_with(str(dim), activations)
         if found is None:
             return None
@@ -176,9 +178,16 @@ def _axis_with(dim: str, activations: Iterable[tuple[ir.Value, ir.Value]]
     """The first activation (the body's input) and axis whose dimension is ``dim``."""
     for outer, inner in activations:
         for axis, d in enumerate(outer.shape or ()):
-            if not isinstance(d, int) and str(d) == dim:
+            if not isinstance(d, int) and _named(d) and str(d) == dim:
                 return inner, axis
     return None
+
+
+def _named(dim: object) -> bool:
+    """A symbolic dimension torch.export named (``s72``): equal names are equal sizes. An
+    unknown one (no name, or inference's ``unk__N``) says nothing."""
+    value = getattr(dim, "value", dim)
+    return isinstance(value, str) and bool(value) and not value.startswith("unk__")
 
 
 def activations_of(values: Iterable[ir.Value]) -> list[ir.Value]:

@@ -385,6 +385,22 @@ class _Analysis:
                 self.give_up(node, "has no batching rule")
                 return
         rule(node, states)
+        self.batch_only_on_its_axis(node)
+
+    def batch_only_on_its_axis(self, node: ir.Node) -> None:
+        """A result batched at one axis whose other axes grow with the batch size too
+        (``expand(b, b)``, a top-k of k = b) holds each row's values computed from the
+        others' count: not a batch Triton may stack."""
+        for out in node.outputs:
+            state = self.states.get(out.name or "")
+            dims = self.dims(out) if isinstance(state, Batch) else None
+            if dims is None or not isinstance(state, Batch):
+                continue
+            axes = self.batch_axes_of(dims)
+            if axes is None or any(a != state.axis for a in axes):
+                self.give_up(node, f"makes {list(dims)}: a dimension besides the batch's "
+                             "grows with the batch size")
+                return
 
     def sizes(self, node: ir.Node, states: list[State]) -> None:
         """No row goes in, the batch size does: a shape computation, or a tensor shaped
@@ -569,10 +585,16 @@ class _Analysis:
     op_Hardmax = op_Softmax  # noqa: N815
 
     def op_TopK(self, node: ir.Node, states: list[State]) -> None:  # noqa: N802
+        if _is_size(states[1]):
+            self.give_up(node, "takes k from the batch size")
+            return
         self.along_axis(node, [states[0], FREE if states[1] != LOST else LOST],
                         node.attributes.get_int("axis", -1), "sorts (top-k)")
 
     def op_CumSum(self, node: ir.Node, states: list[State]) -> None:  # noqa: N802
+        if any(_is_size(s) for s in states[1:]):
+            self.give_up(node, "sums along an axis computed from the batch size")
+            return
         axis = self.const(node.inputs[1])
         self.along_axis(node, [states[0], *(FREE for _ in states[1:])],
                         None if axis is None else int(axis.reshape(-1)[0]), "sums cumulatively")
@@ -725,6 +747,9 @@ class _Analysis:
         self.set_outputs(node, [state])
 
     def op_Split(self, node: ir.Node, states: list[State]) -> None:  # noqa: N802
+        if any(_is_size(s) for s in states[1:]):
+            self.give_up(node, "splits in parts computed from the batch size")
+            return
         self.along_axis(node, [states[0], *(FREE for _ in states[1:])],
                         node.attributes.get_int("axis", 0), "splits")
 
@@ -732,6 +757,9 @@ class _Analysis:
         state = states[0]
         if not isinstance(state, Batch):
             self.give_up(node, "slices by bounds read from the rows")
+            return
+        if any(_is_size(s) for s in states[1:]):
+            self.give_up(node, "slices by bounds computed from the batch size")
             return
         starts = self.const(node.inputs[1])
         axes_value = node.inputs[3] if len(node.inputs) > 3 else None

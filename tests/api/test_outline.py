@@ -100,6 +100,14 @@ def test_functions_selects_like_export(stack_file: tuple) -> None:
     assert [f.module_type.rsplit(".", 1)[-1] for f in result.functions] == ["Block"]
 
 
+def test_a_selection_matching_no_call_warns(stack_file: tuple) -> None:
+    path, _ = stack_file
+    result = om.outline(path, functions=["NoSuchBlock"])
+    assert not result.functions
+    assert any(d.level == om.Level.WARNING and "NoSuchBlock" in d.message
+               for d in result.diagnostics)
+
+
 def test_quantize_dynamic_stays_quantized_and_outlined(stack_file: tuple, tmp_path: Path
                                                        ) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic

@@ -136,3 +136,23 @@ def test_node_data_of_a_hierarchical_file_sits_on_call_nodes(stack: Path) -> Non
     assert set(block["results"]) >= {"fc", "norm"}  # the body's call nodes, by name
     main = next(v for k, v in data.items() if not k.startswith("[function]"))
     assert main["results"]["layers.1"]["value"] > main["results"]["layers.0"]["value"]
+
+
+def test_renamed_edge_tensors_pair_only_where_unambiguous() -> None:
+    """A tool renamed ``q``: it pairs with the one value of its kind left; with two left
+    of one kind the order of first use (which a tool may change) decides nothing: not
+    compared, rather than compared against the wrong tensor and passed."""
+    import onnx_ir as ir
+
+    from onnx_modular.check.module_diff import _pair
+
+    def v(name: str, shape: list[int], dtype: ir.DataType = ir.DataType.FLOAT) -> ir.Value:
+        return ir.Value(name=name, type=ir.TensorType(dtype), shape=ir.Shape(shape))
+
+    p, q, idx = v("p", [2, 3]), v("q", [2, 3]), v("ids", [2], ir.DataType.INT64)
+    assert _pair([v("p", [2, 3]), v("q_renamed", [2, 3])], [p, q]) == [p, q]
+    assert _pair([v("ids_renamed", [2], ir.DataType.INT64), v("p", [2, 3])],
+                 [p, idx]) == [idx, p]
+    assert _pair([v("x", [2, 3]), v("y", [2, 3])], [p, q]) is None  # two of a kind
+    half = v("p_fp16", [2, 3], ir.DataType.FLOAT16)
+    assert _pair([half], [p]) == [p]  # an fp16 model's value for an fp32 one's

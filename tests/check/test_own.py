@@ -19,7 +19,7 @@ from onnx import numpy_helper
 
 import onnx_modular as om
 from onnx_modular.check.call_stats import OwnError, OwnErrors
-from onnx_modular.check.own import _finishing_order, _same_kind
+from onnx_modular.check.own import _finishing_order, _judged, _same_kind
 from onnx_modular.check.recorder import TorchCall
 from onnx_modular.check.validation_report import ValidationReport
 from onnx_modular.cli import main
@@ -203,3 +203,19 @@ def test_the_command_line_prints_the_own_table(gpt2, quantized, tmp_path, capsys
     assert main(["validate", f"{spec}:model", "--inputs", f"{spec}:inputs", str(gpt2[2]),
                  "--providers", "cpu", "--localize"]) == 0
     assert "Own error per module call" in capsys.readouterr().out
+
+
+def test_each_torch_output_is_judged_once() -> None:
+    """Two ONNX outputs equal to torch's first output do not both pass against it: with
+    as many outputs of the same shapes, they pair in order (torch's second is checked)."""
+    import types
+
+    ones, fives = torch.ones(2, 3), torch.full((2, 3), 5.0)
+    tcall = types.SimpleNamespace(call=CallInfo("blk", "blk", "pkg.Blk"), depth=1,
+                                  intact_outputs=lambda: [ones, fives])
+    wrong = [np.ones((2, 3), np.float32), np.ones((2, 3), np.float32)]
+    assert not _judged(tcall, 0, wrong, "float32", None, None).ok
+    swapped = [np.full((2, 3), 5.0, np.float32), np.ones((2, 3), np.float32)]
+    assert not _judged(tcall, 0, swapped, "float32", None, None).ok
+    right = [np.ones((2, 3), np.float32), np.full((2, 3), 5.0, np.float32)]
+    assert _judged(tcall, 0, right, "float32", None, None).ok

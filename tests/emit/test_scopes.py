@@ -122,3 +122,18 @@ def test_weights_move_next_to_their_first_reader() -> None:
     net = model([x], [m1.outputs[0]], [d0, d1, m0, m1], initializers=[w0, w1])
     weights_next_to_readers(net.graph)
     assert [n.name for n in net.graph] == ["d0", "m0", "d1", "m1"]
+
+
+def test_a_fusion_two_calls_sit_around_is_taken_in_once() -> None:
+    """``u = a1 + b1`` (a tool's fused node) read by ``a2`` in A and ``b2`` in B: A takes it
+    in; B, which it also sits inside, does not take it again (that left A non-convex: a
+    cycle) but becomes two calls."""
+    x = value("x")
+    a1 = labelled("Relu", [x], "a1", A)
+    b1 = labelled("Neg", [x], "b1", B)
+    u = plain("Add", [a1.outputs[0], b1.outputs[0]], "u")
+    a2 = labelled("Sigmoid", [u.outputs[0]], "a2", A)
+    b2 = labelled("Tanh", [u.outputs[0]], "b2", B)
+    chains, report = node_chains([a1, b1, u, a2, b2])
+    assert ids(chains) == [["a"], ["b"], ["a"], ["a"], ["b@1"]]
+    assert report.moved == 1 and report.repeated == ["b"]

@@ -197,3 +197,15 @@ def test_a_slice_read_elsewhere_is_left_alone() -> None:
     graph = ir.Graph([x], [concat.outputs[0], other.outputs[0]],
                      nodes=[first, second, concat, other], opset_imports={"": 18})
     assert merge_shape_slices(graph) == 0
+
+
+def test_unknown_dimensions_match_nothing() -> None:
+    """Two dimensions nobody named are not the same size (both read 'None' as text)."""
+    x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT),
+                 shape=ir.Shape([ir.SymbolicDim(None), 4]))
+    y = ir.Value(name="y", type=ir.TensorType(ir.DataType.FLOAT),
+                 shape=ir.Shape([ir.SymbolicDim(None), 4]))
+    shape = ir.node("Shape", [y], attributes={"start": 0, "end": 1})
+    shape.outputs[0].type = ir.TensorType(ir.DataType.INT64)
+    shape.outputs[0].shape = ir.Shape([1])
+    assert derive(shape.outputs[0], [(x, x)], "s") is None

@@ -52,6 +52,7 @@ CASES = {  # name: (function of x [batch, 6], the first mixing op, "proven", or 
     "softmax over the batch": (lambda x: x.softmax(0), "Softmax"),
     "flip of the batch": (lambda x: x.flip(0), None),
     "batch size as a value": (lambda x: x * x.shape[0], "Mul"),
+    "expanded to [batch, batch]": (lambda x: x[:, :1].expand(x.shape[0], x.shape[0]), None),
     "rows along the last axis": (lambda x: torch.relu(x @ W).softmax(-1) * 2, "proven"),
 }
 
@@ -93,3 +94,31 @@ def test_a_flatten_that_is_undone_keeps_the_batch() -> None:
     analysis = analyze(model.graph, model.graph.inputs[0].shape[0].value)
     assert analysis.proven, analysis.summary()
     assert rows_alone_equal_stacked(model, x.numpy())
+
+
+@pytest.mark.parametrize("op", ["Slice", "TopK"])
+def test_sizes_read_from_the_batch_are_not_a_proof(op: str) -> None:
+    """``Slice(x, 0, Shape(x)[0], axis=1)`` and ``TopK(x, k=Shape(x)[0], axis=1)`` keep the
+    batch at axis 0 but make each row as wide as the batch is long: stacked, a request's
+    rows come back (4, 4) where alone they are (1, 1)."""
+    x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT),
+                 shape=ir.Shape([ir.SymbolicDim("b"), 8]))
+    size = ir.node("Shape", [x], attributes={"start": 0, "end": 1})
+    size.outputs[0].name = "size"
+
+    def const(name: str, value: int) -> ir.Value:
+        return ir.Value(name=name, type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([1]),
+                        const_value=ir.tensor(np.array([value], dtype=np.int64)))
+
+    zero, one = const("zero", 0), const("one", 1)
+    if op == "Slice":
+        node = ir.node("Slice", [x, zero, size.outputs[0], one])
+    else:
+        node = ir.node("TopK", [x, size.outputs[0]], attributes={"axis": 1}, num_outputs=2)
+    node.outputs[0].name = "y"
+    graph = ir.Graph([x], [node.outputs[0]], nodes=[size, node], initializers=[zero, one],
+                     opset_imports={"": 18})
+    analysis = analyze(graph, "b")
+    assert not analysis.proven and op in analysis.summary()
+    assert not rows_alone_equal_stacked(ir.Model(graph, ir_version=10),
+                                        np.arange(32, dtype=np.float32).reshape(4, 8))
