@@ -113,7 +113,8 @@ def _rename_generated_initializers(model: ir.Model) -> None:
     ``val_3``) get an ``om.`` prefix, out of the way of the names ORT generates again."""
     graph = model.graph
     for value in list(graph.initializers.values()):
-        if value.name and "." not in value.name and not value.is_graph_input():
+        if value.name and "." not in value.name and not value.is_graph_input() \
+                and not value.is_graph_output():  # a model's interface keeps its names
             graph.initializers.pop(value.name)
             value.name = f"om.{value.name}"
             graph.register_initializer(value)
