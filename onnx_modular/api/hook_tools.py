@@ -41,7 +41,7 @@ from onnx_modular._compat import (
     replaced_ort_quantization,
     replaced_transformers_optimizer,
 )
-from onnx_modular._io import save_model
+from onnx_modular._io import atomic_path, save_model
 from onnx_modular.api.outline import outline
 from onnx_modular.emit.canonical import graph_key
 from onnx_modular.emit.scopes import inline_labelled
@@ -53,7 +53,7 @@ MARK = "onnx_modular.hook_outline"
 #: ORT's quantizers re-infer shapes of a model without this entry (its inlined values need it).
 _ORT_INFERRED = "onnx.infer"
 
-#: token -> the labelled reference for outlining (None: the tool keeps node labels)
+#: token -> the labelled reference for outlining: the inlined model the tool read
 _pending: dict[str, onnx.ModelProto | None] = {}
 _pending_lock = threading.Lock()
 
@@ -112,7 +112,10 @@ class Tools:
         inline_labelled(model)
         flat = ir.serde.serialize_model(model)
         _set_metadata(flat, _ORT_INFERRED, None)
-        _set_metadata(flat, MARK, _register(None))
+        # its nodes (no weights) lend their labels by tensor name to the nodes the tool
+        # writes anew: a Linear that was one Gemm is all new nodes after quantization
+        reference = onnx.ModelProto(graph=onnx.GraphProto(node=flat.graph.node))
+        _set_metadata(flat, MARK, _register(reference))
         return flat
 
     def prepare_source(self, source: Any) -> tuple[str, Callable[[str | None], None]] | None:
@@ -367,11 +370,32 @@ def _write_like_tool(model: ir.Model, path: Path) -> None:
         save_model(model, path)
         return
     data_name = locations[0]
+    # Never a model beside weights it was not written with: the new weights go in under a
+    # name of their own and the model naming them replaces the tool's; only then do they
+    # take the tool's name, and the model is pointed at it. Killed in between, the model
+    # names a file that is not there: an error on load, never other weights.
+    partial = f"{data_name}.{secrets.token_hex(4)}.partial"
     staging = Path(tempfile.mkdtemp(prefix=".onnx_modular-outlined-", dir=path.parent))
     try:
-        ir_save_external(model, staging / path.name, data_name)
-        if (staging / data_name).exists():
-            os.replace(staging / data_name, path.parent / data_name)
+        ir_save_external(model, staging / path.name, partial)
+        if not (staging / partial).exists():  # weights small enough to stay inline
+            os.replace(staging / path.name, path)
+            return
+        os.replace(staging / partial, path.parent / partial)
         os.replace(staging / path.name, path)
+        os.replace(path.parent / partial, path.parent / data_name)
+        _point_data_at(path, partial, data_name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _point_data_at(path: Path, old: str, new: str) -> None:
+    """Rewrite the model at ``path`` (weights left where they are) to read ``new`` where it
+    read ``old``, atomically."""
+    proto = onnx.load(str(path), load_external_data=False)
+    for tensor in proto.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location" and entry.value == old:
+                entry.value = new
+    with atomic_path(path) as tmp:
+        onnx.save(proto, str(tmp))

@@ -150,6 +150,32 @@ def test_quantizer_classes_as_optimum_ortquantizer_drives_them(exported, tmp_pat
 
 
 @pytest.mark.slow
+def test_a_save_killed_midway_never_pairs_the_model_with_other_weights(tmp_path,
+                                                                       monkeypatch) -> None:
+    """The outlined model and its weights are published so that, stopped between the
+    steps, the model names a data file that is not there (an error on load), never the
+    tool's data file with other contents."""
+    from onnxruntime.quantization import quantize_dynamic
+
+    from onnx_modular.api import hook_tools
+
+    def killed(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(hook_tools, "_point_data_at", killed)
+    torch.manual_seed(0)  # int8 weights over ORT's 1 KB threshold: written apart
+    wide = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(3)]).eval()
+    hier, target = tmp_path / "wide.onnx", tmp_path / "int8.onnx"
+    with om.hook():
+        torch.onnx.export(wide, (torch.randn(2, 64),), hier, dynamo=True, verbose=False)
+    with om.hook(), pytest.raises(KeyboardInterrupt):
+        quantize_dynamic(str(hier), str(target), weight_type=QuantType.QInt8,
+                         use_external_data_format=True)
+    with pytest.raises(Exception, match="(?i)no such file|not exist|doesn't exist|open"):
+        ort.InferenceSession(str(target), providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("opt_level", [None, 0])
 def test_transformers_optimizer_in_a_hook_fuses_like_the_flat_pipeline(tmp_path, opt_level
                                                                       ) -> None:
