@@ -15,6 +15,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from onnx_modular import runtime
+from onnx_modular.emit.sizes import SHAPE_ARITHMETIC
 from onnx_modular.errors import fail
 from onnx_modular.metadata import DIFFERS_FROM, META_PATH
 
@@ -61,10 +62,9 @@ def function_stats(model: onnx.ModelProto) -> list[FunctionStats]:
             for f in model.functions]
 
 
-#: Ops of shape arithmetic: a value they make from shapes is a size, not data.
-_SHAPE_OPS = frozenset({"Shape", "Size", "Gather", "Squeeze", "Unsqueeze", "Concat", "Cast",
-                        "Reshape", "Slice", "Add", "Sub", "Mul", "Div", "Mod", "Max", "Min",
-                        "Neg", "Identity", "ReduceProd", "Constant"})
+#: Ops of shape arithmetic (what a body's sizes are computed with): a value they make from
+#: shapes is a size, not data.
+_SHAPE_OPS = SHAPE_ARITHMETIC | {"Size"}
 
 
 def input_kinds(model: onnx.ModelProto) -> dict[str, list[str]]:

@@ -40,6 +40,18 @@ RELATIVE = "relative"
 Frame = tuple[str, str]  # (module path, qualified class)
 
 
+def torch_scopes(meta: dict[str, str]) -> tuple[list[str], list[str]]:
+    """torch.onnx's labels of a node: its module paths and classes, root first, the FX node
+    (and its target) last."""
+    return (_QUOTED.findall(meta.get(NAME_SCOPES, "")),
+            _QUOTED.findall(meta.get(CLASS_HIERARCHY, "")))
+
+
+def call_suffix(call_id: str) -> str:
+    """``h.0@1`` -> ``@1``: the call numbers a nested call inherits from its parent."""
+    return _suffix(call_id)
+
+
 def _suffix(call_id: str) -> str:
     match = _CALL_SUFFIX.search(call_id)
     return match.group() if match else ""
@@ -94,8 +106,7 @@ def call_scope(members: list[ir.Node], call: CallInfo,
     for node in members:
         chain = scope_of(node)
         if chain is None:
-            scopes = _QUOTED.findall(node.metadata_props.get(NAME_SCOPES, ""))[:-1]
-            classes = _QUOTED.findall(node.metadata_props.get(CLASS_HIERARCHY, ""))[:-1]
+            scopes, classes = (labels[:-1] for labels in torch_scopes(node.metadata_props))
             if not scopes or len(scopes) != len(classes):
                 continue
             chain = list(zip(scopes, classes, strict=True))

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from collections.abc import Iterable, Sequence
 
 import onnx
@@ -32,7 +31,7 @@ import onnx_ir as ir
 
 from onnx_modular._util import common_prefix
 from onnx_modular.emit.inline import RebasingInlinePass
-from onnx_modular.emit.labels import RELATIVE, scope_of
+from onnx_modular.emit.labels import RELATIVE, call_suffix, scope_of, torch_scopes
 from onnx_modular.metadata import (
     CLASS_HIERARCHY,
     LABELS,
@@ -44,9 +43,6 @@ from onnx_modular.metadata import (
     CallInfo,
 )
 
-_QUOTED = re.compile(r"'([^']*)'")
-_CALL_NUMBERS = re.compile(r"(?:@\d+)*$")
-
 Frame = tuple[str, str]  # (module path, qualified class)
 
 
@@ -54,8 +50,7 @@ def labelled_frames(node: ir.Node) -> tuple[Frame, ...] | None:
     """The modules torch.onnx's labels put ``node`` in, outermost first (the root module
     and the FX node left out), else those of our call labels; None where it carries none
     (or inconsistent ones)."""
-    scopes = _QUOTED.findall(node.metadata_props.get(NAME_SCOPES, ""))
-    classes = _QUOTED.findall(node.metadata_props.get(CLASS_HIERARCHY, ""))
+    scopes, classes = torch_scopes(node.metadata_props)
     if len(scopes) >= 2 and len(scopes) == len(classes):
         return tuple(zip(scopes[1:-1], classes[1:-1], strict=True))
     chain = scope_of(node)  # a node our inliner gave its call's labels
@@ -105,7 +100,7 @@ def _has_subgraph(node: ir.Node) -> bool:
 def root_class(nodes: Iterable[ir.Node]) -> str | None:
     """The class of the exported module itself, as the labels name it."""
     for node in nodes:
-        classes = _QUOTED.findall(node.metadata_props.get(CLASS_HIERARCHY, ""))
+        classes = torch_scopes(node.metadata_props)[1]
         if len(classes) >= 2:
             return classes[0]
     return None
@@ -152,7 +147,7 @@ def _by_tensor_name(nodes: Sequence[ir.Node], frames: list[tuple[Frame, ...] | N
     by_fx: dict[str, tuple[Frame, ...]] = {}
     for node, chain in zip(nodes, frames):
         if chain is not None:
-            scopes = _QUOTED.findall(node.metadata_props.get(NAME_SCOPES, ""))
+            scopes = torch_scopes(node.metadata_props)[0]
             if scopes:
                 by_fx.setdefault(scopes[-1], chain)
     if not by_fx:
@@ -206,7 +201,7 @@ class _Calls:
             groups: dict[str, list[int]] = {}
             for i, chain in enumerate(self.frames):
                 if len(chain) > depth:
-                    suffix = _suffix(self.ids[i][depth - 1]) if depth else ""
+                    suffix = call_suffix(self.ids[i][depth - 1]) if depth else ""
                     groups.setdefault(chain[depth][0] + suffix, []).append(i)
             if not groups:
                 break
@@ -268,12 +263,6 @@ class _Calls:
             elif own or through:
                 reached[i] = max([*own, *through])
         return segment
-
-
-def _suffix(call_id: str) -> str:
-    """``h.0@1`` -> ``@1``: a nested call inherits its parent's call numbers."""
-    match = _CALL_NUMBERS.search(call_id)
-    return match.group() if match else ""
 
 
 def labels_by_tensor_name(nodes: Sequence[ir.Node], reference: onnx.ModelProto) -> int | None:

@@ -21,7 +21,7 @@ import onnx_ir as ir
 from onnx_modular.emit.infra import EmitPass
 
 #: Operators of shape arithmetic a size may be computed with.
-_SHAPE_ARITHMETIC = frozenset({
+SHAPE_ARITHMETIC = frozenset({
     "Shape", "Constant", "Gather", "Squeeze", "Unsqueeze", "Concat", "Cast", "Reshape",
     "Slice", "Add", "Sub", "Mul", "Div", "Mod", "Max", "Min", "Neg", "Identity", "Abs",
     "ReduceProd", "ReduceSum"})
@@ -94,7 +94,7 @@ def _cone(size: ir.Value) -> list[ir.Node] | None:
             return _small_initializer(value)
         if producer in seen:
             return True
-        if (producer.domain not in ("", "ai.onnx") or producer.op_type not in _SHAPE_ARITHMETIC
+        if (producer.domain not in ("", "ai.onnx") or producer.op_type not in SHAPE_ARITHMETIC
                 or len(seen) >= _MAX_NODES):
             return False
         seen.add(producer)
