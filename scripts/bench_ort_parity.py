@@ -54,9 +54,17 @@ def _session_seconds(path: Path, runs: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def _dynamic_shapes(inputs: tuple[torch.Tensor, ...]) -> tuple[dict, ...]:
+    """Batch and sequence dynamic for token ids; batch only for pixels."""
+    batch = torch.export.Dim("batch", min=1, max=32)
+    if inputs[0].dtype.is_floating_point:
+        return ({0: batch},)
+    return ({0: batch, 1: torch.export.Dim("seq", min=2, max=32)},)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["gpt2", "llama"])
+    parser.add_argument("--models", nargs="+", default=["gpt2", "llama", "bert", "vit"])
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--static-only", action="store_true")
@@ -69,8 +77,7 @@ def main() -> None:
         for name in args.models:
             for dynamic in ([False] if args.static_only else [False, True]):
                 model, inputs = getattr(models, name)(args.layers)
-                shapes = ({0: torch.export.Dim("batch", min=1, max=32),
-                           1: torch.export.Dim("seq", min=2, max=32)},) if dynamic else None
+                shapes = _dynamic_shapes(inputs) if dynamic else None
                 hier = Path(tmp, f"{name}_{dynamic}_hier.onnx")
                 flat = Path(tmp, f"{name}_{dynamic}_flat.onnx")
                 om.export(model, inputs, dynamic_shapes=shapes).save(hier)

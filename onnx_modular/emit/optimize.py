@@ -178,6 +178,7 @@ def optimize(model: ir.Model, avoid: frozenset[str] = frozenset()) -> None:
             onnxscript.optimizer.optimize_ir(model, inline=False)
     if collapse_reshapes(model):
         ir.passes.common.RemoveUnusedNodesPass()(model)
+    plain_reshapes(model)
     remove_unused_initializers(model.graph)
 
 
@@ -219,6 +220,30 @@ def collapse_reshapes(model: ir.Model) -> int:
             if not inner.outputs[0].uses() and inner.outputs[0] not in graph.outputs:
                 graph.remove(inner, safe=True)
     return collapsed
+
+
+def plain_reshapes(model: ir.Model) -> int:
+    """``allowzero=1`` -> ``0`` on Reshapes whose shape is a constant without 0 entries.
+
+    torch.onnx writes ``allowzero=1`` on every Reshape; with no 0 in the shape both forms mean
+    the same, but ONNX Runtime fuses contiguous Reshapes only with ``allowzero=0``. In a flat
+    graph onnxscript collapses such pairs itself; across a call boundary (a module ending in
+    a view whose child starts with one: GPT-2's attention and its ``c_proj``) only ORT, after
+    inlining, can, which cost one Reshape per layer.
+    """
+    relaxed = 0
+    for graph in (model.graph, *(f.graph for f in model.functions.values())):
+        for node in graph:
+            allowzero = node.attributes.get("allowzero")
+            if (not _is_reshape(node) or allowzero is None or allowzero.as_int() == 0
+                    or len(node.inputs) < 2 or node.inputs[1] is None):
+                continue
+            shape = ir.convenience.get_const_tensor(node.inputs[1])
+            if shape is None or (shape.numpy() == 0).any():
+                continue
+            node.attributes["allowzero"] = ir.AttrInt64("allowzero", 0)
+            relaxed += 1
+    return relaxed
 
 
 def remove_unused_initializers(graph: ir.Graph) -> None:

@@ -13,6 +13,7 @@ from onnx_modular.emit.optimize import (
     finish_inlined,
     fold_weights,
     optimize,
+    plain_reshapes,
     remove_unused_initializers,
 )
 
@@ -129,6 +130,38 @@ def test_collapse_reshapes_inside_function_bodies() -> None:
     assert [n.op_type for n in f if n.op_type == "Reshape"] == ["Reshape"]
     np.testing.assert_array_equal(run(m, x=X)[0], X.reshape(4, 2))
     assert collapse_reshapes(body([0, 2])) == 0  # a 0 copies the intermediate shape
+
+
+def test_plain_reshapes_only_where_allowzero_cannot_matter() -> None:
+    """allowzero=1 -> 0 (which ONNX Runtime needs to fuse contiguous Reshapes) only for a
+    constant shape without 0: with a 0 entry, or a shape computed at run time, the two
+    forms can differ."""
+    x = value("x", (2, 4))
+    nodes, outputs = [], []
+    for name, target in (("plain", [4, 2]), ("zero", [0, 4]), ("computed", None)):
+        if target is None:
+            shape = ir.node("Shape", [x])
+            nodes.append(shape)
+            shape_value = shape.outputs[0]
+        else:
+            constant = ir.node("Constant", [], attributes={
+                "value": ir.tensor(np.array(target, np.int64))})
+            nodes.append(constant)
+            shape_value = constant.outputs[0]
+        reshape = ir.node("Reshape", [x, shape_value], attributes={"allowzero": 1},
+                          name=name)
+        reshape.outputs[0].name = f"y_{name}"
+        nodes.append(reshape)
+        outputs.append(reshape.outputs[0])
+    m = model([x], outputs, nodes, [])
+    assert plain_reshapes(m) == 1
+    allowzero = {n.name: n.attributes["allowzero"].as_int() for n in m.graph
+                 if n.op_type == "Reshape"}
+    assert allowzero == {"plain": 0, "zero": 1, "computed": 1}
+    zero = next(n for n in m.graph if n.name == "zero")  # [0, 4] is no shape for (2, 4)
+    m.graph.outputs.remove(zero.outputs[0])
+    m.graph.remove(zero, safe=True)
+    np.testing.assert_array_equal(run(m, x=X)[0], X.reshape(4, 2))
 
 
 def test_optimize_removes_dead_code_and_unused_weights() -> None:
