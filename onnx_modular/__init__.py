@@ -2,10 +2,9 @@
 
 # First, before anything else is imported: under ``python -m onnx_modular`` the current
 # directory must not shadow the libraries (importing _safepath drops it from sys.path).
-from onnx_modular import _safepath as _safepath  # isort: skip
+from onnx_modular.leaves import _safepath as _safepath  # isort: skip
 # Then, for the command line only: Ctrl-C while torch imports exits quietly (130).
-from onnx_modular import _interrupt as _interrupt  # isort: skip
-from onnx_modular._version import __version__ as __version__
+from onnx_modular.leaves import _interrupt as _interrupt  # isort: skip
 from onnx_modular.api.export import ExportResult, export
 from onnx_modular.api.hook import HookedExport, HookSession, HookWarning, hook
 from onnx_modular.api.outline import outline
@@ -14,7 +13,7 @@ from onnx_modular.api.stages import Stage, StagesResult, plan_stages, split_by, 
 from onnx_modular.check.compare import CompareReport, compare
 from onnx_modular.check.compare_io import IOReport, compare_io
 from onnx_modular.check.extract import Extraction
-from onnx_modular.check.validate import ValidationReport, validate
+from onnx_modular.check.validate import Validation, ValidationReport, validate
 from onnx_modular.diagnostics import (
     Diagnostic,
     DiagnosticContext,
@@ -24,9 +23,10 @@ from onnx_modular.diagnostics import (
     Rule,
     to_sarif,
 )
+from onnx_modular.leaves._version import __version__ as __version__
+from onnx_modular.leaves.metadata import CallInfo
 from onnx_modular.lower.capture import capture
 from onnx_modular.lower.markers import pipe_split
-from onnx_modular.metadata import CallInfo
 from onnx_modular.parts.runner import SplitRunner
 from onnx_modular.parts.triton_runner import TritonRunner
 from onnx_modular.passes.modularize import modularize, module_call_chains
@@ -64,6 +64,7 @@ __all__ = [
     "split_stages",
     "Stage",
     "StagesResult",
+    "Validation",
     "ValidationReport",
     "compare",
     "compare_io",

@@ -175,7 +175,7 @@ class OnnxModularError(Exception):
 class DiagnosticContext:
     """Collects the diagnostics of one run; passes open nested scopes with :meth:`scope`.
 
-    A failure is raised (``raise fail(...)``, :mod:`onnx_modular.errors`), never logged by
+    A failure is raised (``raise fail(...)``, :mod:`onnx_modular.leaves.errors`), never logged by
     hand: an :class:`OnnxModularError` leaving a scope is recorded there, once, under the
     innermost scope it left, so the run's log and its SARIF list it with the pass it
     failed in.
@@ -247,7 +247,7 @@ class DiagnosticContext:
 
 def to_sarif(diagnostics: list[Diagnostic]) -> dict[str, Any]:
     """A SARIF 2.1.0 log with one run; rules are the ones the diagnostics used."""
-    from onnx_modular._version import __version__
+    from onnx_modular.leaves._version import __version__
 
     used: dict[str, Rule] = {}
     for d in diagnostics:

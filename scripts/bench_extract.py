@@ -65,17 +65,19 @@ def main() -> None:
                 return om.validate(model, args, p, providers="cpu")
 
             def extracting(p: Path = path) -> Any:
-                rep = om.validate(model, args, p, providers="cpu")
-                return rep.extract(Path(tmp) / f"x{next(counter)}")
+                with om.Validation(model, args, p, providers="cpu") as validation:
+                    validation.run()
+                    return validation.extract(Path(tmp) / f"x{next(counter)}")
 
             x = extracting()
             plain_s, extract_s, _, _ = paired_times(plain, extracting, opts.repeat)
-            rep = plain()
             alone = []
-            for _ in range(opts.repeat):
-                start = time.perf_counter()
-                rep.extract(Path(tmp) / f"x{next(counter)}")
-                alone.append(time.perf_counter() - start)
+            with om.Validation(model, args, path, providers="cpu") as validation:
+                validation.run()
+                for _ in range(opts.repeat):
+                    start = time.perf_counter()
+                    validation.extract(Path(tmp) / f"x{next(counter)}")
+                    alone.append(time.perf_counter() - start)
             rows.append((kind, x.call_id, x.reproduces, plain_s, extract_s, min(alone)))
 
     print(f"\nvalidate vs validate --extract, GPT-2 {opts.layers} layers, dim {opts.dim}, "

@@ -92,7 +92,7 @@ def assert_close() -> Callable[..., None]:
 @pytest.fixture
 def prepacked(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """Records ``prepack`` of every ORT session the package makes, in order."""
-    from onnx_modular import runtime
+    from onnx_modular.leaves import runtime
 
     seen: list[bool] = []
     real = runtime.make_session
@@ -103,3 +103,64 @@ def prepacked(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
 
     monkeypatch.setattr(runtime, "make_session", spy)
     return seen
+
+
+# ---- the inner loop's budget -----------------------------------------------------------------
+# `pytest -m "not slow"` is the inner loop. CPU time (not wall time: this machine is shared)
+# is measured per test (set-up and call) and for the whole session; a test that is not marked
+# slow and goes over its budget fails, naming the budget, so it moves to `slow` instead of
+# slowing everyone's loop. OM_TEST_BUDGET sets the per-test budget; 0 turns the checks off
+# (a profiler, a debugger).
+
+#: CPU seconds a test outside `slow` may take, set-up and call together.
+TEST_CPU_BUDGET = float(os.environ.get("OM_TEST_BUDGET", "2.5"))
+#: CPU seconds the whole `-m "not slow"` session may take (imports and collection included).
+SESSION_CPU_BUDGET = 60.0
+
+
+def _budget_on(config: pytest.Config) -> bool:
+    return TEST_CPU_BUDGET > 0 and config.option.markexpr == "not slow"
+
+
+def _cpu_seconds() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Any:
+    item.stash[_SPENT] = 0.0
+    start = _cpu_seconds()
+    yield
+    item.stash[_SPENT] += _cpu_seconds() - start
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    start = _cpu_seconds()
+    yield
+    item.stash[_SPENT] = item.stash.get(_SPENT, 0.0) + _cpu_seconds() - start
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    outcome = yield
+    report = outcome.get_result()
+    spent = item.stash.get(_SPENT, 0.0)
+    if (report.when == "call" and report.passed and _budget_on(item.config)
+            and item.get_closest_marker("slow") is None and spent > TEST_CPU_BUDGET):
+        report.outcome = "failed"
+        report.longrepr = (f"{item.nodeid} took {spent:.1f} s of CPU, over the inner loop's "
+                           f"budget of {TEST_CPU_BUDGET} s per test: mark it slow")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    spent = _cpu_seconds()  # since the process started: imports and collection count too
+    if _budget_on(session.config) and session.testscollected and spent > SESSION_CPU_BUDGET:
+        session.config.get_terminal_writer().line(
+            f"the inner loop took {spent:.0f} s of CPU, over its budget of "
+            f"{SESSION_CPU_BUDGET:.0f} s: mark the slowest tests slow", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_SPENT = pytest.StashKey[float]()

@@ -20,9 +20,9 @@ from onnx import TensorProto, helper
 from torch import nn
 
 import onnx_modular as om
-from onnx_modular import _io, _util
-from onnx_modular import runtime as _ort
 from onnx_modular.cli import main
+from onnx_modular.leaves import _io, _util
+from onnx_modular.leaves import runtime as _ort
 
 NET = """
 import torch
@@ -460,7 +460,7 @@ def test_module_specs_are_found_in_the_current_directory_without_it_on_sys_path(
 ])
 def test_the_module_python_m_runs_is_read_from_its_options(argv: list[str],
                                                            target: str | None) -> None:
-    from onnx_modular._safepath import dash_m_target
+    from onnx_modular.leaves._safepath import dash_m_target
 
     assert dash_m_target(argv) == target
 

@@ -1,28 +1,20 @@
-"""The forms the entry points accept, named once so every signature says what it takes."""
+"""The forms the entry points accept, named once so every signature says what it takes.
+
+Defined where the earliest stage needing them can import them (``leaves/arguments.py``;
+``SupportSpec`` beside :class:`OperatorSupport`), and re-exported here under the same names.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Literal, TypeAlias
+from onnx_modular.leaves.arguments import (
+    DynamicShapes,
+    ExampleArgs,
+    ExampleKwargs,
+    FunctionSelection,
+    Model,
+    SplitPoints,
+)
+from onnx_modular.support.operator_support import SupportSpec
 
-import torch
-import torch.fx
-
-from onnx_modular.support.operator_support import OperatorSupport
-
-#: an ``nn.Module`` (captured with the example inputs) or a program captured elsewhere
-Model: TypeAlias = torch.nn.Module | torch.export.ExportedProgram
-#: positional example inputs; a single value stands for a one-element tuple
-ExampleArgs: TypeAlias = tuple[Any, ...] | list[Any] | torch.Tensor
-#: keyword example inputs
-ExampleKwargs: TypeAlias = Mapping[str, Any]
-#: ``torch.export``'s ``dynamic_shapes``: per input, by position or by name
-DynamicShapes: TypeAlias = Mapping[str, Any] | tuple[Any, ...] | list[Any]
-#: which module calls become functions: all, none (flat), or classes, class names and paths
-FunctionSelection: TypeAlias = Literal["all", "none"] | Iterable[type[torch.nn.Module] | str]
-#: what an accelerator runs: an OperatorSupport, ``fx.Node -> bool``, op names (an allow
-#: list), ``{"allow": [...], "deny": [...]}`` or ``"ort:<ExecutionProvider>"``
-SupportSpec: TypeAlias = (OperatorSupport | Callable[[torch.fx.Node], bool] | Iterable[str]
-                          | Mapping[str, Iterable[str]] | str)
-#: module path -> "beginning" / "end" (or a PiPPy-like enum), or (path, where) pairs
-SplitPoints: TypeAlias = Mapping[str, Any] | Sequence[tuple[str, Any]]
+__all__ = ["DynamicShapes", "ExampleArgs", "ExampleKwargs", "FunctionSelection", "Model",
+           "SplitPoints", "SupportSpec"]

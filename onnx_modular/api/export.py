@@ -14,9 +14,6 @@ import onnx
 import onnx_ir as ir
 import torch
 
-from onnx_modular._checkpoint import Checkpoint
-from onnx_modular._io import TWO_GB, save_model
-from onnx_modular._util import gc_paused
 from onnx_modular.api.arguments import (
     DynamicShapes,
     ExampleArgs,
@@ -24,12 +21,15 @@ from onnx_modular.api.arguments import (
     FunctionSelection,
     Model,
 )
-from onnx_modular.api.spine import emit_whole, lower, needs_calls
+from onnx_modular.api.spine import Subject, emit_whole, lower, needs_calls
 from onnx_modular.diagnostics import Diagnostic, DiagnosticContext, records_failures, to_sarif
 from onnx_modular.emit.outline import OutlineReport
 from onnx_modular.emit.pipeline import EmitOptions
+from onnx_modular.leaves._checkpoint import Checkpoint
+from onnx_modular.leaves._io import TWO_GB, save_model
+from onnx_modular.leaves._util import gc_paused
+from onnx_modular.leaves.metadata import DIFFERS_FROM
 from onnx_modular.lower.translate import check_opset
-from onnx_modular.metadata import DIFFERS_FROM
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +98,7 @@ def export(model: Model, args: ExampleArgs = (), kwargs: ExampleKwargs | None = 
     ``weights``: a safetensors file, a directory of shards with
     ``model.safetensors.index.json``, or a mapping name -> tensor, for a ``model`` built on
     the meta device: each weight is read from its mapped file only when it is written
-    (:mod:`onnx_modular._checkpoint`); the same file as exporting the materialized model.
+    (:mod:`onnx_modular.leaves._checkpoint`); the same file as exporting the materialized model.
     """
     assert ctx is not None  # made by @records_failures when the caller gives none
     if not isinstance(args, tuple):
@@ -109,8 +109,8 @@ def export(model: Model, args: ExampleArgs = (), kwargs: ExampleKwargs | None = 
     with gc_paused():
         options.selection()  # a bad selection fails now, not after seconds of export
         check_opset(opset, flat=options.flat)
-        lowered = lower(model, args, kwargs, dynamic_shapes, opset, ctx, weights=weights,
-                        with_calls=needs_calls(options))
+        subject = Subject(model, args, kwargs, dynamic_shapes, weights)
+        lowered = lower(subject, opset, ctx, with_calls=needs_calls(options))
         report = emit_whole(lowered, options, ctx)
     return ExportResult(lowered.model, ctx.diagnostics, lowered.program,
                         None if options.flat else lowered.graph_module, report.outline)

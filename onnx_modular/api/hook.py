@@ -1,6 +1,6 @@
 """``om.hook``: unchanged ``torch.onnx.export`` calls return hierarchical models.
 
-Two entries of torch.onnx are replaced (through :mod:`onnx_modular._compat`) while any hook
+Two entries of torch.onnx are replaced (through :mod:`onnx_modular.leaves._compat`) while any hook
 is open, and each replacement acts only for the thread (contextvars context) that opened one:
 
 - the dynamo path's model-building step runs unoptimized, so every node still names its FX
@@ -36,12 +36,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from onnx_modular._compat import (
-    replaced_torch_onnx_export,
-    replaced_torchscript_export,
-    size_oblivious,
-    verify_onnx_program,
-)
 from onnx_modular.api.arguments import FunctionSelection
 from onnx_modular.api.hook_tools import Tools
 from onnx_modular.api.spine import emit_whole, lower_onnx_program, needs_calls
@@ -55,7 +49,13 @@ from onnx_modular.diagnostics import (
 )
 from onnx_modular.emit.optimize import optimize as optimize_keeping_functions
 from onnx_modular.emit.pipeline import EmitOptions
-from onnx_modular.errors import fail, rules
+from onnx_modular.leaves._compat import (
+    replaced_torch_onnx_export,
+    replaced_torchscript_export,
+    size_oblivious,
+    verify_onnx_program,
+)
+from onnx_modular.leaves.errors import fail, rules
 from onnx_modular.lower.translate import MIN_HIERARCHICAL_OPSET
 
 if TYPE_CHECKING:

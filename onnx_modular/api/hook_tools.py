@@ -34,19 +34,19 @@ from typing import Any
 import onnx
 import onnx_ir as ir
 
-from onnx_modular._compat import (
+from onnx_modular.api.outline import outline
+from onnx_modular.emit.canonical import graph_key
+from onnx_modular.emit.scopes import inline_labelled
+from onnx_modular.leaves._compat import (
     ir_save_external,
     optimum_merge_imported,
     replaced_optimum_decoder_merge,
     replaced_ort_quantization,
     replaced_transformers_optimizer,
 )
-from onnx_modular._io import atomic_path, save_model
-from onnx_modular.api.outline import outline
-from onnx_modular.emit.canonical import graph_key
-from onnx_modular.emit.scopes import inline_labelled
-from onnx_modular.metadata import LABELS, META_PATH
-from onnx_modular.runtime import first_line
+from onnx_modular.leaves._io import atomic_path, save_model
+from onnx_modular.leaves.metadata import LABELS, META_PATH
+from onnx_modular.leaves.runtime import first_line
 
 #: On a model inlined for a tool: the token of its outlining (``_pending``).
 MARK = "onnx_modular.hook_outline"

@@ -32,8 +32,9 @@ from onnx_modular.emit.scopes import (
     weights_next_to_readers,
 )
 from onnx_modular.emit.verify import verify
-from onnx_modular.errors import fail, rules
-from onnx_modular.runtime import (
+from onnx_modular.emit.walk import all_nodes
+from onnx_modular.leaves.errors import fail, rules
+from onnx_modular.leaves.runtime import (
     LoadedModel,
     OnnxModelSource,
     first_line,
@@ -171,10 +172,8 @@ def _has_foreign_ops(model: ir.Model) -> bool:
     """Ops outside the ONNX standard (ONNX Runtime's fused and quantized operators): ONNX's
     inference cannot type them, ONNX Runtime is the judge of such a model."""
     local = set(model.functions)
-    nodes = [*model.graph.all_nodes(), *(n for f in model.functions.values()
-                                         for n in f.all_nodes())]
     return any(n.op_identifier() not in local and not onnx.defs.has(n.op_type, n.domain)
-               for n in nodes)
+               for n in all_nodes(model))
 
 
 _OP_IN_ERROR = re.compile(r"op_type:([A-Za-z0-9_]+), node name: [^)]*\)")

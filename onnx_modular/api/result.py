@@ -3,8 +3,11 @@
 Acc/CPU regions and pipeline stages are the same data (a plan of parts cut from one lowered
 model), so one type holds both (``kind``: ``"split"`` or ``"stages"``; ``om.StagesResult``
 is another name for it). The work lives with its stage: region models are emitted by
-:func:`onnx_modular.emit.regions.emit_regions` (on first use, then kept), the manifest and
-the files are written by ``parts/``, the tables printed by :mod:`onnx_modular.api.render`.
+:func:`onnx_modular.emit.regions.emit_regions` when the entry point makes the record
+(:func:`emitted_result`), so every diagnostic of the emission, a denied op on an accelerator
+included, is in ``diagnostics`` when ``om.split`` returns; the manifest and the files are
+written by ``parts/``, the tables printed by :mod:`onnx_modular.api.render`. No method adds
+a diagnostic or emits anything.
 """
 
 from __future__ import annotations
@@ -23,12 +26,17 @@ import torch
 from onnx_modular.api import render
 from onnx_modular.api.spine import Lowered
 from onnx_modular.diagnostics import Diagnostic, DiagnosticContext
-from onnx_modular.emit.pipeline import EmitOptions
-from onnx_modular.emit.regions import AccLimits, RegionGraph, emit_regions, single_model
+from onnx_modular.emit.regions import (
+    AccLimits,
+    RegionEmission,
+    RegionGraph,
+    emit_regions,
+    single_model,
+)
 from onnx_modular.parts import manifest as parts_manifest
-from onnx_modular.parts.triton import TritonRepository, save_triton
+from onnx_modular.parts.triton import TritonOptions, TritonRepository, save_triton
 from onnx_modular.passes.balance import StagePlan
-from onnx_modular.passes.split import Region, SplitPlan
+from onnx_modular.passes.split import Region, SplitPassResult, SplitPlan
 from onnx_modular.support.operator_support import OnnxOp
 
 if TYPE_CHECKING:
@@ -43,10 +51,10 @@ class SplitResult:
     graph_module: torch.fx.GraphModule  # one submodule per part: runs in torch
     flat_module: torch.fx.GraphModule  # the decomposed program's module() the plan was made on
     lowered: Lowered
-    ctx: DiagnosticContext  # diagnostics so far; region emission adds its own
+    ctx: DiagnosticContext  # every diagnostic of the split, its parts' emission included
+    parts: tuple[RegionGraph, ...]  # one standalone, emitted model per part, in order
+    emission: RegionEmission  # how they were emitted: hierarchical, acc limits
     kind: str = "split"  # "split" (acc/CPU regions) or "stages"
-    hierarchical: bool = True  # module calls wholly in a part become functions of its model
-    acc_limits: AccLimits = dataclasses.field(default_factory=AccLimits)
     how: str = ""  # stages: "markers", "split_points", "callback" or the balanced plan's
     stage_plan: StagePlan | None = None  # the balanced plan (num_stages / max_stage_bytes)
 
@@ -63,9 +71,18 @@ class SplitResult:
         return self.plan.regions
 
     @property
+    def hierarchical(self) -> bool:
+        """Module calls wholly in a part are functions of its model."""
+        return self.emission.hierarchical
+
+    @property
+    def acc_limits(self) -> AccLimits:
+        return self.emission.limits
+
+    @property
     def forbidden_ops(self) -> frozenset[OnnxOp]:
         """ONNX ops no accelerator model may hold (what the support kept off it)."""
-        return self.acc_limits.forbidden_ops
+        return self.emission.limits.forbidden_ops
 
     @property
     def onnx_model(self) -> ir.Model:
@@ -84,16 +101,14 @@ class SplitResult:
         return f"SplitResult({parts})"
 
     # ONNX
-    @functools.cached_property
-    def _region_graphs(self) -> list[RegionGraph]:
-        meta = {n.name: n.meta.get("val") for n in self.flat_module.graph.nodes}
-        options = EmitOptions("all" if self.hierarchical else "none")
-        return emit_regions(self.onnx_model, self.regions, meta.get, self.lowered.chains,
-                            self.lowered.weights, options, self.acc_limits, self.ctx)
-
     def region_graphs(self) -> list[RegionGraph]:
-        """One standalone, emitted ``onnx_ir`` model per part (emitted once, then kept)."""
-        return self._region_graphs
+        """One standalone, emitted ``onnx_ir`` model per part (emitted by the split): the
+        same list each call, as before (the record's own field is a tuple)."""
+        return self._listed_parts
+
+    @functools.cached_property
+    def _listed_parts(self) -> list[RegionGraph]:
+        return list(self.parts)
 
     def region_protos(self) -> dict[str, onnx.ModelProto]:
         """Part name -> ``onnx.ModelProto``."""
@@ -151,11 +166,11 @@ class SplitResult:
         cannot prove it; ``external_data``: weights beside each model in
         ``model.onnx.<id>.data`` (``None``: only above 2 GB). See :func:`save_triton`.
         """
-        return save_triton(repo, self.onnx_model.graph, self.region_graphs(), name=name,
-                           instances=instances, gpus=gpus, kind=kind,
-                           max_batch_size=max_batch_size,
-                           max_queue_delay_us=max_queue_delay_us, external_data=external_data,
-                           batch_dim=batch_dim)
+        options = TritonOptions(name=name, instances=instances, gpus=gpus, kind=kind,
+                                max_batch_size=max_batch_size,
+                                max_queue_delay_us=max_queue_delay_us,
+                                external_data=external_data, batch_dim=batch_dim)
+        return save_triton(repo, self.onnx_model.graph, self.region_graphs(), options)
 
     def preview(self, console: Console | None = None) -> None:
         """Print the operator-support and region tables (stages: one row per stage)."""
@@ -168,3 +183,18 @@ class SplitResult:
 
 #: Pipeline stages are the same record (``kind == "stages"``).
 StagesResult = SplitResult
+
+
+def emitted_result(cut: SplitPassResult, flat_module: torch.fx.GraphModule, lowered: Lowered,
+                   ctx: DiagnosticContext, emission: RegionEmission,
+                   **fields: Any) -> SplitResult:
+    """Emit one model per part of the plan ``cut`` carries out (its regions or stages) as
+    ``emission`` says (its diagnostics, and a denied op held by an accelerator model, land
+    in ``ctx`` now), then the record holding them. ``fields``: the record's other fields
+    (``kind``, ``how``, ``stage_plan``)."""
+    plan, graph_module = cut.plan, cut.graph_module
+    assert plan is not None  # the planner put it there
+    meta = {n.name: n.meta.get("val") for n in flat_module.graph.nodes}
+    parts = emit_regions(lowered, plan.regions, meta.get, emission, ctx)
+    return SplitResult(plan, graph_module, flat_module, lowered, ctx, tuple(parts), emission,
+                       **fields)

@@ -14,10 +14,11 @@ import dataclasses
 import onnx_ir as ir
 import torch
 
-from onnx_modular._checkpoint import Checkpoint
 from onnx_modular.api.arguments import DynamicShapes, ExampleArgs, ExampleKwargs, Model
 from onnx_modular.diagnostics import DiagnosticContext
 from onnx_modular.emit.pipeline import Chains, EmitOptions, EmitReport, emit_model, program_weights
+from onnx_modular.leaves._checkpoint import Checkpoint
+from onnx_modular.leaves._log import timed
 from onnx_modular.lower.capture import capture
 from onnx_modular.lower.markers import without_markers
 from onnx_modular.lower.translate import (
@@ -27,6 +28,26 @@ from onnx_modular.lower.translate import (
     translate,
 )
 from onnx_modular.passes.modularize import modularize, module_call_chains
+
+
+@dataclasses.dataclass(frozen=True)
+class Subject:
+    """The model as an entry point was given it, with what capturing it takes: the example
+    inputs (``args`` None: none given), ``dynamic_shapes`` and the checkpoint of a model
+    built on the meta device. Built once by the entry point and passed whole."""
+
+    model: Model
+    args: ExampleArgs | None = None
+    kwargs: ExampleKwargs | None = None
+    dynamic_shapes: DynamicShapes | None = None
+    weights: Checkpoint | None = None
+
+    def capture(self, ctx: DiagnosticContext, *,
+                meta_ok: bool = False) -> torch.export.ExportedProgram:
+        """:func:`~onnx_modular.lower.capture.capture` (an ExportedProgram passes through)."""
+        return capture(self.model, self.args if self.args is not None else (),
+                       dict(self.kwargs) if self.kwargs is not None else None,
+                       self.dynamic_shapes, ctx, weights=self.weights, meta_ok=meta_ok)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,20 +70,22 @@ class Lowered:
         return self.translation.program
 
 
-def lower(model: Model, args: ExampleArgs = (), kwargs: ExampleKwargs | None = None,
-          dynamic_shapes: DynamicShapes | None = None, opset: int | None = None,
-          ctx: DiagnosticContext | None = None, *, weights: Checkpoint | None = None,
-          with_calls: bool = True) -> Lowered:
-    """Capture ``model`` (an ExportedProgram passes through), drop ``pipe_split()`` markers,
-    translate with torch.onnx (unoptimized) and, unless ``with_calls`` is False, Modularize.
+def lower(subject: Subject, opset: int | None = None, ctx: DiagnosticContext | None = None,
+          *, with_calls: bool = True) -> Lowered:
+    """Capture ``subject`` (an ExportedProgram passes through), drop ``pipe_split()``
+    markers, translate with torch.onnx (unoptimized) and, unless ``with_calls`` is False,
+    Modularize.
 
     The opset is checked by the caller first: what it allows depends on the output.
     """
     ctx = ctx if ctx is not None else DiagnosticContext()
-    captured = capture(model, args, dict(kwargs) if kwargs is not None else None,
-                       dynamic_shapes, ctx, weights=weights)
+    with timed("capture (torch.export)") as log:
+        captured = subject.capture(ctx)
+        log["fx_nodes"] = len(captured.graph.nodes)
     # pipe_split() markers cut stages; they are no operator torch.onnx could translate
-    translation = translate(without_markers(captured), opset=opset, ctx=ctx)
+    with timed("translate (torch.onnx, unoptimized)") as log:
+        translation = translate(without_markers(captured), opset=opset, ctx=ctx)
+        log["onnx_nodes"] = len(translation.model.graph)
     return _with_calls(translation, ctx) if with_calls else _without_calls(translation)
 
 

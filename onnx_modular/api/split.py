@@ -4,7 +4,8 @@ The model is lowered once (:func:`onnx_modular.api.spine.lower`); a PassManager 
 PlanRegions (the regions of the decomposed program's flat module) and CutRegions on it;
 each ONNX node follows its FX node into a region, and every region model goes through the
 same emit pipeline as ``om.export`` (folded, outlined into module functions, optimized, equal
-functions merged). The result (:class:`~onnx_modular.api.result.SplitResult`) saves one
+functions merged) before ``split`` returns. The result
+(:class:`~onnx_modular.api.result.SplitResult`) holds them and saves one
 standalone model per region plus ``manifest.json`` (the format :class:`SplitRunner` reads,
 shared with pipeline stages), or one model of region functions.
 """
@@ -13,19 +14,15 @@ from __future__ import annotations
 
 import torch
 
-from onnx_modular._checkpoint import Checkpoint
 from onnx_modular.api.arguments import ExampleArgs, ExampleKwargs, Model, SupportSpec
 from onnx_modular.api.render import print_preview
-from onnx_modular.api.result import SplitResult
-from onnx_modular.api.spine import lower
+from onnx_modular.api.result import SplitResult, emitted_result
+from onnx_modular.api.spine import Subject, lower
 from onnx_modular.diagnostics import DiagnosticContext, records_failures
-from onnx_modular.emit.regions import AccLimits
+from onnx_modular.emit.regions import AccLimits, RegionEmission
+from onnx_modular.leaves._checkpoint import Checkpoint
 from onnx_modular.lower.translate import check_opset
-from onnx_modular.passes.split import (
-    SplitPass,
-    SplitPlan,
-    check_limits,
-)
+from onnx_modular.passes.split import SplitLimits, SplitPass, SplitPlan
 from onnx_modular.support.matching import forbidden_onnx_ops
 from onnx_modular.support.onnx_index import SupportContext, fx_to_onnx_nodes
 from onnx_modular.support.operator_support import (
@@ -56,22 +53,19 @@ def split(model: Model, args: ExampleArgs = (), *, support: SupportSpec,
     each region's weights are read from their mapped files as its model is written.
     """
     assert ctx is not None  # made by @records_failures when the caller gives none
-    check_limits(min_acc_module_size, max_acc_splits)
+    limits = SplitLimits.checked(min_acc_module_size, max_acc_splits, allow_non_tensor,
+                                 skip_fusion)
     op_support = resolve_support(support)
     check_opset(opset, flat=False, what="a split model")
-    lowered = lower(model, args, kwargs, opset=opset, ctx=ctx, weights=weights)
+    lowered = lower(Subject(model, args, kwargs, weights=weights), opset, ctx)
     flat_module = lowered.program.module()
     context = SupportContext(fx_to_onnx_nodes(lowered.model), dict(lowered.model.opset_imports))
-    split_pass = SplitPass(op_support, context=context,
-                           min_acc_module_size=min_acc_module_size,
-                           max_acc_splits=max_acc_splits, allow_non_tensor=allow_non_tensor,
-                           skip_fusion=skip_fusion)
+    split_pass = SplitPass(op_support, context=context, limits=limits)
     result = split_pass(flat_module, ctx)  # PlanRegions, then CutRegions, by a PassManager
     assert result.plan is not None
     forbidden = _forbidden_ops(op_support, result.plan, flat_module, context)
-    limits = AccLimits(forbidden, op_support.entries)
-    return SplitResult(result.plan, result.graph_module, flat_module, lowered, ctx,
-                       hierarchical=hierarchical, acc_limits=limits)
+    emission = RegionEmission(hierarchical, AccLimits(forbidden, op_support.entries))
+    return emitted_result(result, flat_module, lowered, ctx, emission)
 
 
 def _forbidden_ops(support: OperatorSupport, plan: SplitPlan,

@@ -22,13 +22,13 @@ from collections.abc import Callable
 import torch
 import torch.fx
 
-from onnx_modular._checkpoint import Checkpoint
 from onnx_modular.api.arguments import ExampleArgs, ExampleKwargs, Model, SplitPoints
-from onnx_modular.api.result import SplitResult, StagesResult
-from onnx_modular.api.spine import lower
+from onnx_modular.api.result import StagesResult, emitted_result
+from onnx_modular.api.spine import Subject, lower
 from onnx_modular.diagnostics import DiagnosticContext, records_failures
-from onnx_modular.errors import fail, rules
-from onnx_modular.lower.capture import capture
+from onnx_modular.emit.regions import RegionEmission
+from onnx_modular.leaves._checkpoint import Checkpoint
+from onnx_modular.leaves.errors import fail, rules
 from onnx_modular.lower.markers import without_markers
 from onnx_modular.lower.translate import check_opset
 from onnx_modular.passes import stages as stage_pass
@@ -44,18 +44,16 @@ def _module_names(model: Model) -> set[str] | None:
     return None
 
 
-def _capture(model: Model, args: ExampleArgs | None, kwargs: ExampleKwargs | None,
-             ctx: DiagnosticContext, entry: str, weights: Checkpoint | None = None,
+def _capture(subject: Subject, ctx: DiagnosticContext, entry: str,
              meta_ok: bool = False) -> torch.export.ExportedProgram:
     """The program, refused up front (as ``om.split`` refuses it) when it has no operator:
     its one stage would be empty, a parts directory SplitRunner rejects."""
-    if isinstance(model, torch.nn.Module) and args is None and not kwargs:
+    model = subject.model
+    if isinstance(model, torch.nn.Module) and subject.args is None and not subject.kwargs:
         raise fail(rule=rules.BAD_INPUT, reason=(
             f"example inputs are needed to capture {type(model).__name__}: pass args= "
             "(or an ExportedProgram)"))
-    program = capture(model, args if args is not None else (),
-                      dict(kwargs) if kwargs is not None else None, ctx=ctx,
-                      weights=weights, meta_ok=meta_ok)
+    program = subject.capture(ctx, meta_ok=meta_ok)
     if not stage_pass.has_operators(program):
         raise fail(rule=rules.PRECONDITION, pass_name=entry,
                         reason="a graph with at least one operator (nothing to split)")
@@ -70,7 +68,7 @@ def plan_stages(model: Model, args: ExampleArgs | None = None, *,
     """The balanced plan alone (capture only, no translation): which modules go to which
     stage and the weight bytes of each; ``print(plan)`` shows it. See :func:`split_stages`."""
     assert ctx is not None  # made by @records_failures when the caller gives none
-    program = _capture(model, args, kwargs, ctx, "plan_stages", weights,
+    program = _capture(Subject(model, args, kwargs, weights=weights), ctx, "plan_stages",
                        meta_ok=True)  # shapes suffice
     return balanced_plan(without_markers(program), num_stages, max_stage_bytes, ctx)
 
@@ -97,7 +95,7 @@ def split_stages(model: Model, args: ExampleArgs | None = None,
     """
     assert ctx is not None  # made by @records_failures when the caller gives none
     check_opset(opset, flat=False, what="a split model")
-    program = _capture(model, args, kwargs, ctx, "split_stages", weights)
+    program = _capture(Subject(model, args, kwargs, weights=weights), ctx, "split_stages")
     if num_stages is not None or max_stage_bytes is not None:
         if split_points:
             raise fail(rule=rules.SPLIT_POINT, reason=(
@@ -132,8 +130,8 @@ def split_by(model_or_program: Model, callback: Callable[[torch.fx.Node], int],
     """
     assert ctx is not None  # made by @records_failures when the caller gives none
     check_opset(opset, flat=False, what="a split model")
-    program = without_markers(_capture(model_or_program, args, kwargs, ctx,
-                                                  "split_by", weights))
+    subject = Subject(model_or_program, args, kwargs, weights=weights)
+    program = without_markers(_capture(subject, ctx, "split_by"))
     assignment = stage_pass.from_callback(program, callback)
     return _cut(program, assignment, ctx, opset, hierarchical)
 
@@ -141,12 +139,11 @@ def split_by(model_or_program: Model, callback: Callable[[torch.fx.Node], int],
 def _cut(program: torch.export.ExportedProgram, assignment: stage_pass.StageAssignment,
          ctx: DiagnosticContext, opset: int | None, hierarchical: bool,
          stage_plan: StagePlan | None = None) -> StagesResult:
-    """Lower the captured program once, carry the stages to its decomposed nodes, cut."""
-    lowered = lower(program, opset=opset, ctx=ctx)
+    """Lower the captured program once, carry the stages to its decomposed nodes, cut, and
+    emit every stage's model."""
+    lowered = lower(Subject(program), opset, ctx)
     carried = stage_pass.decomposed_assignment(assignment, lowered.program)
     flat_module = lowered.program.module()
     result = stage_pass.StagesPass(carried)(flat_module, ctx)  # PlanStages, then CutRegions
-    assert result.plan is not None
-    return SplitResult(result.plan, result.graph_module, flat_module, lowered, ctx,
-                       kind="stages", hierarchical=hierarchical, how=assignment.how,
-                       stage_plan=stage_plan)
+    return emitted_result(result, flat_module, lowered, ctx, RegionEmission(hierarchical),
+                          kind="stages", how=assignment.how, stage_plan=stage_plan)

@@ -18,7 +18,7 @@ from typing import Any
 import onnx_ir as ir
 import torch
 
-from onnx_modular._compat import torchscript_defaults
+from onnx_modular.leaves._compat import torchscript_defaults, tree_leaves, tree_map
 from onnx_modular.lower.translate import MIN_HIERARCHICAL_OPSET
 
 
@@ -247,13 +247,13 @@ class TorchScriptCall:
                 return {int(a): dim(n) for a, n in axes.items()}
             return {int(a): torch.export.Dim.DYNAMIC for a in axes}
 
-        return {name: torch.utils._pytree.tree_map(spec, value)
+        return {name: tree_map(spec, value)
                 for name, value in bound.arguments.items()}
 
     def _example_inputs(self) -> list[torch.Tensor]:
         """The call's tensors in the order the TorchScript exporter numbers its inputs."""
         arguments = self.dynamo_arguments(shared_dims=False)
-        leaves = torch.utils._pytree.tree_leaves((arguments["args"], arguments["kwargs"] or {}))
+        leaves = tree_leaves((arguments["args"], arguments["kwargs"] or {}))
         return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
 
 

@@ -1,7 +1,9 @@
 """Checking ONNX models: against torch (validate), against each other (compare), and reading
 them back (inspect). One job per module:
 
-- ``validate``: runs torch eager and ONNX Runtime on each provider, and localizes a mismatch
+- ``validate``: ``validate`` and the ``Validation`` session that owns what a check keeps
+  alive (models, sessions, the probe, the localization's values) and hands out records
+- ``options``: what a check is asked (tolerances, providers, when to localize), frozen
 - ``runners``: one shape for what a check runs (torch eager, an ORT session, chained parts)
 - ``localize``: which module call is the first whose ONNX outputs leave torch's, start to
   end: ``recorder`` (torch's calls), ``probe`` (the ONNX calls' outputs exposed), ``judge``

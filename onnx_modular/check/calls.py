@@ -1,12 +1,12 @@
 """One record of a module call, however a check met it (torch's run, the ONNX probe, an
-error table): the call's identity is one :class:`~onnx_modular.metadata.CallInfo`, and each
+error table): the call's identity is one :class:`~onnx_modular.leaves.metadata.CallInfo`, and each
 record adds what it saw of the call."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from onnx_modular.metadata import CallInfo
+from onnx_modular.leaves.metadata import CallInfo
 
 __all__ = ["CallRecord"]
 

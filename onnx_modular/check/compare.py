@@ -21,16 +21,17 @@ import onnx
 import onnx_ir as ir
 from onnx_ir.passes.common.inliner import InlinePass
 
-from onnx_modular import runtime
 from onnx_modular.check.compare_report import CompareReport, ModelFacts, OutputDiff
 from onnx_modular.check.inputs import declared_inputs, index_ranges, input_signature, random_inputs
 from onnx_modular.check.inputs import feeds as bind_feeds
 from onnx_modular.check.module_diff import ModuleComparison, compare_modules, labelled_calls
-from onnx_modular.check.numerics import check_tolerances, check_value
+from onnx_modular.check.numerics import check_value
+from onnx_modular.check.options import Tolerances
 from onnx_modular.check.runners import Inputs, SessionRunner
 from onnx_modular.diagnostics import OnnxModularError
 from onnx_modular.emit.canonical import structural_key
-from onnx_modular.errors import fail
+from onnx_modular.leaves import runtime
+from onnx_modular.leaves.errors import fail
 
 __all__ = ["CompareReport", "ModelFacts", "OutputDiff", "compare", "random_inputs",
            "topology_hash"]
@@ -109,7 +110,7 @@ def compare(a: runtime.OnnxModelSource, b: runtime.OnnxModelSource, inputs: Any 
     ``kwargs``: keyword inputs, as a torch model took them (by input name, else in order
     after ``inputs``). Model a is the reference.
     """
-    check_tolerances(rtol, atol)
+    tolerances = Tolerances.checked(rtol, atol)
     la, lb = runtime.load_model(a, "model a"), runtime.load_model(b, "model b")
     (chosen,) = runtime.resolve_providers([provider])
     (fa, ma), (fb, mb) = _facts(la), _facts(lb)
@@ -143,14 +144,13 @@ def compare(a: runtime.OnnxModelSource, b: runtime.OnnxModelSource, inputs: Any 
         for i, (x, y) in enumerate(zip(*values, strict=True)):
             c = check_value(y, x, rtol, atol)
             diffs.append(OutputDiff(i, outs_a[i], outs_b[i], c.dtype, c.rtol, c.atol, c.diff))
-        modules = _by_module(la, lb, dict(given), chosen, rtol, atol)
+        modules = _by_module(la, lb, dict(given), chosen, tolerances)
     return CompareReport(fa, fb, diffs, chosen, reasons, drawn,
                          modules=None if reasons else modules)
 
 
 def _by_module(la: runtime.LoadedModel, lb: runtime.LoadedModel, feeds: dict[str, Any],
-               provider: str, rtol: float | None, atol: float | None
-               ) -> ModuleComparison | None:
+               provider: str, tolerances: Tolerances) -> ModuleComparison | None:
     """Each module call's own error, where both models name their modules."""
     a = labelled_calls(la)
     b = labelled_calls(lb, reference=la.proto) if a is not None else None
@@ -158,6 +158,6 @@ def _by_module(la: runtime.LoadedModel, lb: runtime.LoadedModel, feeds: dict[str
         return None
     arrays = {name: runtime.to_feed(value) for name, value in feeds.items()}
     try:
-        return compare_modules(a, b, arrays, provider, rtol, atol)
+        return compare_modules(a, b, arrays, provider, tolerances)
     except OnnxModularError as e:  # the outputs' verdict stands; the table says why it is empty
         return ModuleComparison([], note=f"not compared: {e.diagnostic.message}")

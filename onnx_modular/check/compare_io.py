@@ -18,14 +18,14 @@ from typing import Any
 
 import numpy as np
 
-from onnx_modular import runtime
-from onnx_modular._util import check_allocation
 from onnx_modular.check.inputs import declared_inputs
 from onnx_modular.check.io_report import IOReport
 from onnx_modular.check.numerics import check_value, dtype_name, onnx_elem_name, tolerances_for
 from onnx_modular.check.outcome import OutputCheck, ProviderResult
 from onnx_modular.check.runners import Inputs, SessionRunner
-from onnx_modular.errors import fail
+from onnx_modular.leaves import runtime
+from onnx_modular.leaves._util import check_allocation
+from onnx_modular.leaves.errors import fail
 
 __all__ = ["IOReport", "compare_io", "load_npz", "npz_bytes"]
 

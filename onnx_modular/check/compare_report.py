@@ -12,7 +12,7 @@ from typing import Any
 from onnx_modular.check.module_diff import ModuleComparison
 from onnx_modular.check.numerics import Diff
 from onnx_modular.check.report import Report, md_table
-from onnx_modular.runtime import short_provider
+from onnx_modular.leaves.runtime import short_provider
 
 __all__ = ["CompareReport", "ModelFacts", "OutputDiff"]
 

@@ -20,11 +20,12 @@ import onnx
 import onnx_ir as ir
 import torch
 
-from onnx_modular import runtime
-from onnx_modular._compat import module_in_spec, tree_leaves
-from onnx_modular._util import check_allocation
 from onnx_modular.check.numerics import dtype_name, onnx_elem_name
-from onnx_modular.errors import fail
+from onnx_modular.leaves import runtime
+from onnx_modular.leaves._compat import module_in_spec, tree_leaves
+from onnx_modular.leaves._util import check_allocation
+from onnx_modular.leaves.arguments import ExampleArgs
+from onnx_modular.leaves.errors import fail
 from onnx_modular.parts.runner import ordered_kwargs
 
 #: The size a dynamic dimension gets in generated inputs.
@@ -48,7 +49,7 @@ def input_signature(proto: onnx.ModelProto) -> list[tuple[str, int]]:
 
 # ---- torch inputs ------------------------------------------------------------------------------
 
-def as_args(args: Any) -> tuple[Any, ...]:
+def as_args(args: ExampleArgs) -> tuple[Any, ...]:
     """Positional inputs as a tuple: one tensor alone is one argument."""
     if isinstance(args, tuple):
         return args

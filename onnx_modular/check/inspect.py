@@ -14,10 +14,10 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from onnx_modular import runtime
 from onnx_modular.emit.sizes import SHAPE_ARITHMETIC
-from onnx_modular.errors import fail
-from onnx_modular.metadata import DIFFERS_FROM, META_PATH
+from onnx_modular.leaves import runtime
+from onnx_modular.leaves.errors import fail
+from onnx_modular.leaves.metadata import DIFFERS_FROM, META_PATH
 
 
 def load_onnx(path: str | os.PathLike[str], load_external_data: bool = True) -> onnx.ModelProto:

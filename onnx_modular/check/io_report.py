@@ -6,9 +6,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from onnx_modular import runtime
 from onnx_modular.check.outcome import ProviderResult
 from onnx_modular.check.report import OUTPUT_HEAD, Report, fmt_err, md_table, output_rows
+from onnx_modular.leaves import runtime
 
 __all__ = ["IOReport"]
 

@@ -48,6 +48,50 @@ def _suffix_score(a: str, b: str) -> int:
     return score
 
 
+class _CallTree:
+    """Torch's calls as a tree (each call's parent), with each call's descendants in
+    execution order, computed once per root asked about."""
+
+    def __init__(self, torch_calls: list[TorchCall]) -> None:
+        self.children: dict[int | None, list[int]] = {}
+        for i, c in enumerate(torch_calls):
+            self.children.setdefault(c.parent, []).append(i)
+        self._below: dict[int | None, list[int]] = {}
+        self._inside: dict[int | None, set[int]] = {}
+
+    def descendants(self, root: int | None) -> list[int]:
+        if root not in self._below:
+            out, todo = [], list(reversed(self.children.get(root, [])))
+            while todo:  # pre-order, without recursion (a module tree may be deep)
+                i = todo.pop()
+                out.append(i)
+                todo += reversed(self.children.get(i, []))
+            self._below[root] = out
+        return self._below[root]
+
+    def is_descendant(self, i: int, root: int | None) -> bool:
+        if root not in self._inside:
+            self._inside[root] = set(self.descendants(root))
+        return i in self._inside[root]
+
+
+def _closest_call(call: OnnxCall, candidates: list[int], torch_calls: list[TorchCall],
+                  used: set[int]) -> int | None:
+    """The unused torch call among ``candidates`` of the call's class whose path shares the
+    longest tail with the call's (the first on a tie)."""
+    best, best_score = None, 0
+    for j in candidates:
+        if j in used:
+            continue
+        t = torch_calls[j]
+        if call.module_type and t.module_type != call.module_type:
+            continue
+        score = _suffix_score(call.call_id, t.call_id)
+        if score > best_score:
+            best, best_score = j, score
+    return best
+
+
 def resolve(onnx_calls: list[OnnxCall], torch_calls: list[TorchCall]) -> dict[int, int]:
     """ONNX call index -> torch call index.
 
@@ -57,29 +101,7 @@ def resolve(onnx_calls: list[OnnxCall], torch_calls: list[TorchCall]) -> dict[in
     with the same class whose path shares the longest tail with it.
     """
     by_id = {c.call_id: i for i, c in enumerate(torch_calls)}
-    children: dict[int | None, list[int]] = {}
-    for i, c in enumerate(torch_calls):
-        children.setdefault(c.parent, []).append(i)
-
-    below: dict[int | None, list[int]] = {}  # each root's descendants, in execution order
-
-    def descendants(root: int | None) -> list[int]:
-        if root not in below:
-            out, todo = [], list(reversed(children.get(root, [])))
-            while todo:  # pre-order, without recursion (a module tree may be deep)
-                i = todo.pop()
-                out.append(i)
-                todo += reversed(children.get(i, []))
-            below[root] = out
-        return below[root]
-
-    inside: dict[int | None, set[int]] = {}
-
-    def is_descendant(i: int, root: int | None) -> bool:
-        if root not in inside:
-            inside[root] = set(descendants(root))
-        return i in inside[root]
-
+    tree = _CallTree(torch_calls)
     mapping: dict[int, int] = {}
     used: set[int] = set()
     for k, call in enumerate(onnx_calls):
@@ -89,23 +111,15 @@ def resolve(onnx_calls: list[OnnxCall], torch_calls: list[TorchCall]) -> dict[in
         if call.parent is not None and parent is None:
             continue  # the parent could not be placed, so neither can this call
         exact = by_id.get(call.call_id)
-        if exact is not None and (call.exact or parent is None or is_descendant(exact, parent)):
+        if exact is not None and (call.exact or parent is None
+                                  or tree.is_descendant(exact, parent)):
             if exact not in used:
                 mapping[k] = exact
                 used.add(exact)
             continue
         if call.exact:
             continue
-        best, best_score = None, 0
-        for j in descendants(parent):
-            if j in used:
-                continue
-            t = torch_calls[j]
-            if call.module_type and t.module_type != call.module_type:
-                continue
-            score = _suffix_score(call.call_id, t.call_id)
-            if score > best_score:
-                best, best_score = j, score
+        best = _closest_call(call, tree.descendants(parent), torch_calls, used)
         if best is not None:
             mapping[k] = best
             used.add(best)
@@ -159,6 +173,8 @@ class Localization:
     ``errors`` holds every paired call's error in execution order (diverging or not), so
     a report can show where the error starts growing; ``own`` each call's own error, run
     alone on torch's inputs of it (:mod:`~onnx_modular.check.own`; None: not measured).
+    ``evidence``: the values judged, kept by the session that localized (never by a
+    report); ``node_data``: their Model Explorer overlay, kept as data where they are not.
     """
 
     kind: str
@@ -169,6 +185,8 @@ class Localization:
     errors: list[CallError] = dataclasses.field(default_factory=list)
     evidence: Evidence | None = dataclasses.field(default=None, repr=False, compare=False)
     own: OwnErrors | None = None
+    node_data: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False,
+                                                  compare=False)
 
     def stack(self) -> Stack | None:
         """The repeated blocks whose errors tell where the error starts to grow."""
@@ -244,11 +262,13 @@ def _paired_outputs(call: OnnxCall, tcall: TorchCall, values: dict[str, np.ndarr
     return pairs
 
 
-def _judge_call(j: int, call: OnnxCall, tcall: TorchCall, probe: Probe,
-                values: dict[str, np.ndarray], rtol: float | None, atol: float | None
+def _judge_call(evidence: Evidence, k: int, j: int
                 ) -> tuple[CallError | None, ModuleDivergence | None]:
-    """The error of one paired call (None: nothing of it could be compared), and its
-    divergence when an output leaves torch's."""
+    """The error of ONNX call ``k`` paired with torch call ``j`` (None: nothing of it could
+    be compared), and its divergence when an output leaves torch's."""
+    probe, values = evidence.probe, evidence.values
+    call, tcall = probe.calls[k], evidence.torch_calls[j]
+    rtol, atol = evidence.rtol, evidence.atol
     pairs = _paired_outputs(call, tcall, values, rtol, atol)
     if not pairs:
         return None, None
@@ -289,11 +309,11 @@ def judge(
     error goes to ``errors``, in torch's execution order.
     """
     mapping = resolve(probe.calls, torch_calls)
+    evidence = Evidence(probe, onnx_values, torch_calls, mapping, rtol, atol)
     divergences: list[ModuleDivergence] = []
     errors: list[CallError] = []
     for k, j in mapping.items():
-        error, divergence = _judge_call(j, probe.calls[k], torch_calls[j], probe,
-                                        onnx_values, rtol, atol)
+        error, divergence = _judge_call(evidence, k, j)
         if error is not None:
             errors.append(error)
         if divergence is not None:
@@ -303,5 +323,4 @@ def judge(
     origins = [d for d in divergences if not d.inherited]
     first = origins[0] if origins else (divergences[0] if divergences else None)
     note = "" if errors else "no module call of the ONNX model could be paired with torch"
-    evidence = Evidence(probe, onnx_values, torch_calls, mapping, rtol, atol)
     return Localization(probe.kind, len(errors), divergences, first, note, errors, evidence)

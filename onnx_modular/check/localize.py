@@ -4,24 +4,24 @@
 exposes every ONNX call's outputs, :mod:`~onnx_modular.check.judge` pairs and compares
 them; this module runs the three in order, then :mod:`~onnx_modular.check.own` (each call
 alone on torch's inputs of it: the error it adds, where the judge sees what it receives).
-A validation keeps a :class:`ValidationRun` (what it ran), so a report that did not
-localize, or let its values go, can localize later (to extract a healthy call, or to draw
-the overlay).
+A :class:`~onnx_modular.check.validate.Validation` session keeps a :class:`ValidationRun`
+(what it ran, frozen), so it can localize later (to extract a healthy call, or to draw the
+overlay); the probe built in advance is the session's too, and closed by it before its
+``run`` returns.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 
-from onnx_modular import runtime
-from onnx_modular._util import gc_paused
 from onnx_modular.check.call_stats import OwnErrors
 from onnx_modular.check.judge import Localization, judge
 from onnx_modular.check.own import own_errors
 from onnx_modular.check.probe import Probe, build_probe
 from onnx_modular.check.recorder import TorchCall
-from onnx_modular.check.runners import Inputs, SessionRunner, TorchRunner
+from onnx_modular.check.runners import SessionRunner, ValidationRun
+from onnx_modular.leaves import runtime
+from onnx_modular.leaves._util import gc_paused
 
 __all__ = ["ProbeInAdvance", "ValidationRun", "localize"]
 
@@ -37,11 +37,14 @@ class ProbeInAdvance:
     Started after the torch run: its hooks would fight the inlining for the GIL, and torch's
     threads wait on a core that ORT keeps busy. Built without fusions, for a passing model;
     a failing one gets a fused session anew.
+
+    Its owner closes it (:meth:`close`: the thread joined, a session nobody took closed)
+    before the run that started it returns, taken or not: nothing it built outlives that run.
     """
 
     def __init__(self, loaded: runtime.LoadedModel, provider: str) -> None:
         self.provider = provider
-        self._loaded = loaded
+        self._loaded: runtime.LoadedModel | None = loaded
         self._probe: Probe | None = None
         self._session: SessionRunner | None = None
         self._error: BaseException | None = None  # raised by the session, not the probe
@@ -51,16 +54,17 @@ class ProbeInAdvance:
         self._worker.start()
 
     def _build(self) -> None:
+        loaded = self._loaded
+        assert loaded is not None
         try:
-            self._probe = _build_probe(self._loaded)
+            self._probe = _build_probe(loaded)
         except Exception as exc:
             self._probe_error = exc
             return
         if self._probe.kind == "none":
             return
         try:
-            self._session = _probe_session(self._loaded, self.provider, self._probe,
-                                           fuse=False)
+            self._session = _probe_session(loaded, self.provider, self._probe, fuse=False)
         except BaseException as exc:
             self._error = exc
 
@@ -80,38 +84,31 @@ class ProbeInAdvance:
             return self._probe, None, None  # the probe stands; its session is made again
         return self._probe, session, self._probe_error
 
+    def close(self) -> None:
+        """Wait for the thread, close a session nobody took, and let go of the model."""
+        self._worker.join()
+        if self._session is not None:
+            self._session.close()
+        self._session = self._probe = self._loaded = None
+        self._error = self._probe_error = None
 
-@dataclasses.dataclass(eq=False)
-class ValidationRun:
-    """What a validation ran, kept to localize on ``provider`` later: torch and the
-    inputs, the ONNX model checked and the tolerances. ``fuse``: the model failed, and may
-    fail through a fusion, so its probe gets ORT's fusions too (a passing one's probe skips
-    them: faster to build). ``calls``: torch's calls recorded already, taken by the first
-    localization; ``advance``: the probe asked for up front."""
-
-    reference: TorchRunner
-    inputs: Inputs
-    loaded: runtime.LoadedModel
-    provider: str
-    rtol: float | None
-    atol: float | None
-    fuse: bool
-    calls: list[TorchCall] | None = None
-    advance: ProbeInAdvance | None = None
+    @property
+    def alive(self) -> bool:
+        """Whether its thread still runs (never, once closed)."""
+        return self._worker.is_alive()
 
 
-def localize(run: ValidationRun) -> Localization:
-    """Localize on ``run.provider`` now: torch's calls (recorded again unless kept), the
-    probe (the one built in advance when it fits), judged; and each call's own error."""
-    calls = run.calls
+def localize(run: ValidationRun, calls: list[TorchCall] | None = None,
+             advance: ProbeInAdvance | None = None) -> Localization:
+    """Localize on ``run.provider`` now: torch's ``calls`` (recorded again when not given),
+    the probe (the one built in ``advance`` when it fits; its owner closes it), judged;
+    and each call's own error."""
     if calls is None:
         _, calls = run.reference.run_recording(run.inputs)
     with gc_paused():
-        ready = run.advance.take(run.provider, fuse=run.fuse) if run.advance else None
-        run.advance = None  # taken: a later localization builds its own probe
+        ready = advance.take(run.provider, fuse=run.fuse) if advance is not None else None
         localization = _localize(run, calls, ready)
         localization.own = _own(run, calls, localization)
-    run.calls = None  # the localization's evidence holds them now
     return localization
 
 
@@ -122,8 +119,7 @@ def _own(run: ValidationRun, calls: list[TorchCall], localization: Localization
     # a flat model's probe keeps the model's value names: its values serve the pairing
     values = evidence.values if evidence is not None and not evidence.probe.inlined else None
     try:
-        return own_errors(run.loaded, calls, run.inputs.feeds, run.provider, run.rtol,
-                          run.atol, onnx_values=values,
+        return own_errors(run, calls, onnx_values=values,
                           propagated={e.call_id: e.max_abs for e in localization.errors})
     except Exception as exc:
         return OwnErrors([], None, f"not measured: {runtime.first_line(exc)}")
@@ -164,4 +160,4 @@ def _localize(run: ValidationRun, calls: list[TorchCall] | None, ready: Ready | 
         names = session.output_names
     feeds = run.inputs.feeds
     return judge(probe, {**feeds, **dict(zip(names, values, strict=True))}, calls,
-                 run.rtol, run.atol)
+                 run.tolerances.rtol, run.tolerances.atol)

@@ -26,14 +26,15 @@ import onnx
 import onnx_ir as ir
 from onnx_ir.passes.common import ShapeInferencePass
 
-from onnx_modular import runtime
 from onnx_modular.check.numerics import Diff, check_value
+from onnx_modular.check.options import Tolerances
 from onnx_modular.check.overlay import GRADIENT, log_error
 from onnx_modular.check.probe import node_id
 from onnx_modular.diagnostics import OnnxModularError
 from onnx_modular.emit.labels import absolute_call
 from onnx_modular.emit.scopes import inline_labelled, labels_by_tensor_name, node_chains
-from onnx_modular.metadata import META_CALL, META_PATH
+from onnx_modular.leaves import runtime
+from onnx_modular.leaves.metadata import META_CALL, META_PATH
 
 __all__ = ["Fed", "Labelled", "LabelledCall", "ModuleComparison", "ModuleRow", "compare_modules",
            "labelled_calls", "node_data", "run_exposing", "run_fed"]
@@ -151,8 +152,9 @@ def _constant(value: ir.Value) -> bool:
 
 
 def compare_modules(a: Labelled, b: Labelled, feeds: dict[str, np.ndarray], provider: str,
-                    rtol: float | None, atol: float | None) -> ModuleComparison:
+                    tolerances: Tolerances) -> ModuleComparison:
     """Each call of ``a`` (in finishing order) with b's own error on a's inputs."""
+    rtol, atol = tolerances.rtol, tolerances.atol
     plan: Plan = []
     rows: dict[str, ModuleRow] = {}
     for call in sorted(a.calls.values(), key=lambda c: c.end):

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from onnx_modular.errors import fail
+from onnx_modular.leaves.errors import fail
 
 #: (rtol, atol) by element type name (:func:`dtype_name`'s spelling), used unless the caller
 #: gives its own. Floats are judged ``|actual - expected| <= atol + rtol * |expected|``; the
@@ -91,7 +91,7 @@ def tolerances_for(dtype_name: str, rtol: float | None, atol: float | None) -> t
 def to_numpy(value: Any) -> np.ndarray:
     """A tensor or array as numpy for comparison (bfloat16 widened to float32).
 
-    Feeds keep their dtype (:func:`onnx_modular.runtime.to_feed`); a value to compare only
+    Feeds keep their dtype (:func:`onnx_modular.leaves.runtime.to_feed`); a value to compare only
     needs numbers numpy can subtract.
     """
     if hasattr(value, "detach"):  # a torch tensor

@@ -31,8 +31,6 @@ import numpy as np
 import onnx_ir as ir
 import torch
 
-from onnx_modular import runtime
-from onnx_modular._compat import tensor_version
 from onnx_modular.check.call_stats import HIST_EDGES, OwnError, OwnErrors, abs_error_histogram
 from onnx_modular.check.judge import closest, dtype_pairs, resolve
 from onnx_modular.check.module_diff import (
@@ -51,9 +49,13 @@ from onnx_modular.check.numerics import (
     onnx_elem_name,
     to_numpy,
 )
+from onnx_modular.check.options import Tolerances
 from onnx_modular.check.probe import OnnxCall
 from onnx_modular.check.recorder import TorchCall
-from onnx_modular.metadata import CallInfo
+from onnx_modular.check.runners import ValidationRun
+from onnx_modular.leaves import runtime
+from onnx_modular.leaves._compat import tensor_version
+from onnx_modular.leaves.metadata import CallInfo
 
 __all__ = ["own_errors"]
 
@@ -72,16 +74,17 @@ class _Feeding:
     reason: str = ""
 
 
-def own_errors(loaded: runtime.LoadedModel, torch_calls: list[TorchCall],
-               feeds: dict[str, np.ndarray], provider: str, rtol: float | None,
-               atol: float | None, *, onnx_values: dict[str, np.ndarray] | None = None,
+def own_errors(run: ValidationRun, torch_calls: list[TorchCall], *,
+               onnx_values: dict[str, np.ndarray] | None = None,
                propagated: dict[str, float] | None = None) -> OwnErrors:
-    """Every module call of ``loaded`` that torch made too, run on torch's inputs of it.
+    """Every module call of ``run.loaded`` that torch made too, run on torch's inputs of
+    it, on ``run.provider``, judged by ``run.tolerances``.
 
     ``onnx_values``: ONNX's values by the labelled model's names where known already (a
     flat model's probe keeps its names); others the pairing needs come from one run of the
-    model on ``feeds``. ``propagated``: each call id's max abs error in the full model.
+    model on the run's feeds. ``propagated``: each call id's max abs error in the full model.
     """
+    loaded, feeds, provider = run.loaded, run.inputs.feeds, run.provider
     if not torch_calls:
         return OwnErrors([], None, "the torch model has no submodule calls")
     labelled = labelled_calls(loaded)
@@ -117,7 +120,7 @@ def own_errors(loaded: runtime.LoadedModel, torch_calls: list[TorchCall],
             rows[j] = _not_run(tcall, j, "ONNX Runtime refused it on torch's inputs: "
                                + refused[call.call_id])
             continue
-        row = _judged(tcall, j, results[call.call_id], _precision(call), rtol, atol)
+        row = _judged(tcall, j, results[call.call_id], _precision(call), run.tolerances)
         row.note = "; ".join([*notes[call.call_id], *([row.note] if row.note else [])])
         rows[j] = row
     for row in rows.values():
@@ -222,8 +225,9 @@ def _precision(call: LabelledCall) -> str | None:
 
 
 def _judged(tcall: TorchCall, order: int, actual: list[np.ndarray], precision: str | None,
-            rtol: float | None, atol: float | None) -> OwnError:
+            tolerances: Tolerances) -> OwnError:
     """The call's outputs on torch's inputs against torch's outputs of it."""
+    rtol, atol = tolerances.rtol, tolerances.atol
     expected = tcall.intact_outputs()
     compared: list[tuple[np.ndarray, torch.Tensor, Diff]] = []
     if len(actual) == len(expected) and all(

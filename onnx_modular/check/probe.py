@@ -22,11 +22,11 @@ import re
 import onnx
 import onnx_ir as ir
 
-from onnx_modular._compat import ObservedInlinePass
 from onnx_modular.check import wire as _wire
 from onnx_modular.check.calls import CallRecord
 from onnx_modular.emit.inline import RebasingInlinePass
-from onnx_modular.metadata import (
+from onnx_modular.leaves._compat import ObservedInlinePass
+from onnx_modular.leaves.metadata import (
     CLASS_HIERARCHY,
     META_CALL,
     META_PATH,

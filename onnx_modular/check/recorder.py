@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from onnx_modular._compat import tensor_version, tree_leaves
 from onnx_modular.check.calls import CallRecord
-from onnx_modular.metadata import CallInfo
+from onnx_modular.leaves._compat import tensor_version, tree_leaves
+from onnx_modular.leaves.metadata import CallInfo
 
 __all__ = ["TorchCall", "record_calls"]
 

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from onnx_modular._io import atomic_write_text
 from onnx_modular.check.outcome import ProviderResult
-from onnx_modular.errors import fail
-from onnx_modular.runtime import short_provider
+from onnx_modular.leaves._io import atomic_write_text
+from onnx_modular.leaves.errors import fail
+from onnx_modular.leaves.runtime import short_provider
 
 
 def md_table(head: list[str], rows: list[list[str]]) -> list[str]:

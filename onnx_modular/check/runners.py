@@ -19,12 +19,13 @@ from typing import Any, Protocol, TypeAlias, TypeVar
 import numpy as np
 import torch
 
-from onnx_modular import runtime
-from onnx_modular._checkpoint import Checkpoint, bound_weights
-from onnx_modular._compat import tree_leaves, tree_map
+from onnx_modular.check.options import Tolerances
 from onnx_modular.check.recorder import TorchCall, record_calls
 from onnx_modular.diagnostics import OnnxModularError
-from onnx_modular.errors import fail
+from onnx_modular.leaves import runtime
+from onnx_modular.leaves._checkpoint import Checkpoint, bound_weights
+from onnx_modular.leaves._compat import tree_leaves, tree_map
+from onnx_modular.leaves.errors import fail
 from onnx_modular.parts.runner import SplitRunner
 
 __all__ = ["Inputs", "Outputs", "PartsRunner", "Runner", "SessionRunner", "TorchModel",
@@ -132,6 +133,22 @@ class TorchRunner:
 _Closing = TypeVar("_Closing", bound="_ClosedOnExit")
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class ValidationRun:
+    """What a validation ran, kept to localize on ``provider`` later
+    (:mod:`~onnx_modular.check.localize`) and to measure each call's own error: torch and
+    the inputs, the ONNX model checked and the tolerances. ``fuse``: the model failed, and may
+    fail through a fusion, so its probe gets ORT's fusions too (a passing one's probe skips
+    them: faster to build)."""
+
+    reference: TorchRunner
+    inputs: Inputs
+    loaded: runtime.LoadedModel
+    provider: str
+    tolerances: Tolerances
+    fuse: bool
+
+
 class _ClosedOnExit:
     """As a context manager, the runner lets its sessions go on exit, so one model's
     weights leave before the next session's come."""
@@ -165,7 +182,7 @@ class SessionRunner(_ClosedOnExit):
              config: dict[str, str] | None = None, fuse: bool = True,
              output_names: list[str] | None = None) -> SessionRunner:
         """A session made for one check of ``loaded`` (or of ``source``, a probe derived
-        from it) by :func:`onnx_modular.runtime.check_session`."""
+        from it) by :func:`onnx_modular.leaves.runtime.check_session`."""
         session, seconds = runtime.check_session(
             loaded, loaded.session_source() if source is None else source, provider, config,
             fuse=fuse)

@@ -2,9 +2,10 @@
 
 Data (what was checked, how far off) and its renderings (rich tables, Markdown, JSON) in one
 place, apart from the checking, so the command line and notebooks print the same thing.
-The work a report can start (localizing later, extracting a call, the overlay) is done by
-:mod:`~onnx_modular.check.localize`, :mod:`~onnx_modular.check.extract` and
-:mod:`~onnx_modular.check.overlay`; the methods here hand it the report's data.
+A report is a frozen record of plain data: no torch model, no ONNX model, no session, no
+tensor (it pickles). The work that needs them (localizing later, extracting a call, the
+overlay of a report that did not localize) is a :class:`~onnx_modular.check.validate.
+Validation` session's, which returns a new report or a record of its own.
 """
 
 from __future__ import annotations
@@ -12,26 +13,108 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import weakref
 from pathlib import Path
 from typing import Any
 
-from onnx_modular._io import atomic_write_text
+import torch
+
 from onnx_modular.check.call_stats import HIST_LABELS, CallError, OwnError, OwnErrors
-from onnx_modular.check.extract import Extraction, extract
 from onnx_modular.check.judge import Localization
-from onnx_modular.check.localize import ValidationRun, localize
 from onnx_modular.check.outcome import ProviderResult
 from onnx_modular.check.overlay import node_data
 from onnx_modular.check.report import OUTPUT_HEAD, Report, fmt_err, md_table, output_rows
-from onnx_modular.errors import fail
-from onnx_modular.runtime import LoadedModel, short_provider
+from onnx_modular.leaves._compat import tensor_version, tree_flatten, tree_unflatten
+from onnx_modular.leaves._io import atomic_write_text
+from onnx_modular.leaves.errors import fail
+from onnx_modular.leaves.runtime import short_provider
 
-__all__ = ["ValidationReport", "sparkline"]
+__all__ = ["Reopen", "ValidationReport", "sparkline", "without_values", "write_node_data"]
+
+_SESSION = ("a report is data; use a session: with om.Validation(model, args, onnx_model) "
+            "as v: v.run(); v.{}")
 
 
-@dataclasses.dataclass
+class Reopen:
+    """A new :class:`~onnx_modular.check.validate.Validation` on what a report checked,
+    reached through weak references: the report keeps nothing alive, yet
+    ``rep.extract(DIR)`` works while the caller holds the model and inputs (as a script
+    does). Data only (weak references, plain values, the pytree spec, a stamp of what was
+    checked): pickled, it is dead. A model, input or file changed since is refused, never
+    checked in the report's name.
+    """
+
+    def __init__(self, session: type | None, refs: list[Any], spec: Any,
+                 was_none: list[bool], stamp: tuple[Any, ...] = ()) -> None:
+        self._session, self._refs, self._spec = session, refs, spec
+        self._was_none, self._stamp = was_none, stamp
+
+    @classmethod
+    def of(cls, session: type, arguments: tuple[Any, ...], options: dict[str, Any]
+           ) -> Reopen | None:
+        """``session``: the session class, called as ``session(*arguments, **options)``;
+        None when something cannot be referenced weakly (a protobuf message)."""
+        leaves, spec = tree_flatten((arguments, options))
+        refs: list[Any] = []
+        for leaf in leaves:
+            if leaf is None or isinstance(leaf, (str, bytes, int, float, bool, Path)):
+                refs.append(leaf)
+                continue
+            try:
+                refs.append(weakref.ref(leaf))
+            except TypeError:
+                return None
+        return cls(session, refs, spec, [leaf is None for leaf in leaves], _stamp(leaves))
+
+    def open(self, **overrides: Any) -> Any:
+        """A new session (``overrides`` replace options), or None once anything it needs
+        is gone; an error if the model, an input or the ONNX file changed since."""
+        if self._session is None:
+            return None
+        values = [r() if isinstance(r, weakref.ref) else r for r in self._refs]
+        if any(v is None and not none for v, none in zip(values, self._was_none)):
+            return None
+        if _stamp(values) != self._stamp:
+            raise fail("the model, an input or the ONNX file changed since this report was "
+                       "made: validate again (om.validate, or a session: with "
+                       "om.Validation(model, args, onnx_model) as v: ...)")
+        arguments, options = tree_unflatten(values, self._spec)
+        return self._session(*arguments, **{**options, **overrides})
+
+    def __reduce__(self) -> tuple[type[Reopen], tuple[None, list[Any], None, list[bool]]]:
+        return Reopen, (None, [], None, [])
+
+
+def _file_stamp(path: Path) -> tuple[int, int] | None:
+    """Size and modification time of a model file (a parts directory's manifest)."""
+    try:
+        info = (path / "manifest.json" if path.is_dir() else path).stat()
+    except OSError:  # not a path (a provider's name), or gone
+        return None
+    return info.st_size, info.st_mtime_ns
+
+
+def _stamp(values: list[Any]) -> tuple[Any, ...]:
+    """What changes when a checked object does: a file's size and time, a tensor's version
+    counter (bumped by every in-place change), each parameter's and buffer's of a module."""
+    stamp: list[Any] = []
+    for value in values:
+        if isinstance(value, (str, Path)):
+            stamp.append(_file_stamp(Path(value)))
+        elif isinstance(value, torch.Tensor):
+            stamp.append(tensor_version(value))
+        elif isinstance(value, torch.nn.Module):
+            stamp.append(tuple(tensor_version(t) for t in (*value.parameters(),
+                                                           *value.buffers())))
+        else:
+            stamp.append(None)
+    return tuple(stamp)
+
+
+@dataclasses.dataclass(frozen=True)
 class ValidationReport(Report):
-    """The outcome of :func:`validate`: per provider and output, and the localization."""
+    """The outcome of :func:`validate`: per provider and output, and the localization
+    (its values never kept: a localization given with them keeps their overlay as data)."""
 
     model: str
     results: list[ProviderResult]
@@ -40,8 +123,12 @@ class ValidationReport(Report):
     localization_provider: str | None = None
     #: default providers that were not checked, with the reason (e.g. no CUDA here)
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)
-    #: what was run, to localize later (a report that did not, extracting a call)
-    run: ValidationRun | None = dataclasses.field(default=None, repr=False, compare=False)
+    #: how to open a new session on the same model and inputs, by weak references only
+    reopen: Reopen | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.localization is not None and self.localization.evidence is not None:
+            object.__setattr__(self, "localization", without_values(self.localization))
 
     @property
     def ok(self) -> bool:
@@ -66,9 +153,10 @@ class ValidationReport(Report):
         return self.localization.own if self.localization is not None else None
 
     @property
-    def source(self) -> LoadedModel | None:
-        """The ONNX model checked (extraction takes the weights from it)."""
-        return self.run.loaded if self.run is not None else None
+    def source(self) -> None:
+        """None: a report holds no model (a :class:`Validation` session's ``source`` is
+        the ONNX model it checks)."""
+        return None
 
     @property
     def providers(self) -> list[str]:
@@ -86,50 +174,50 @@ class ValidationReport(Report):
                 "provider": self.localization_provider, **self.localization.to_dict()},
         }
 
-    # -- repro and overlay ------------------------------------------------------------------
+    # -- what needs a session -----------------------------------------------------------------
 
     def relocalize(self) -> Localization:
-        """Localize now, on the provider that failed first (else the last one checked): a
-        report that did not localize, or let its values go."""
-        if self.run is None:
-            raise fail("this report has no model to localize")
-        self.localization = localize(self.run)
-        self.localization_provider = self.run.provider
-        return self.localization
+        """The localization again, from a new :class:`Validation` on the same model and
+        inputs (while the caller still holds them: the report keeps no reference that
+        would keep them alive); the report itself is unchanged."""
+        with self._session("localize", "localize()") as session:
+            session.run()  # (localize=False: localized once, below)
+            localized = session.localize().localization
+        assert localized is not None
+        return localized
 
-    def _evidence(self) -> Localization | None:
-        """The localization with its values, localizing now if they are not kept."""
-        localization = self.localization
-        if localization is not None and localization.evidence is not None:
-            return localization
-        return self.relocalize() if self.run is not None else None
+    def extract(self, directory: str | Path, call: str | None = None) -> Any:
+        """``Validation.extract`` on a new session on the same model and inputs (see
+        :meth:`relocalize`)."""
+        with self._session("extract from", f"extract({str(directory)!r})") as session:
+            session.run()
+            return session.extract(directory, call)
 
-    def extract(self, directory: str | Path, call: str | None = None) -> Extraction:
-        """Write a repro of one module call into ``directory``: ``module.onnx`` (that call
-        alone), ``inputs.npz`` (what reached it in torch), ``expected.npz`` (torch's
-        outputs) and ``README.md`` (the command that shows the mismatch, and its size).
-
-        ``call``: a call id or module path (``"h.17.attn"``; a unique tail will do); by
-        default the first mismatch. A report that did not localize (everything matched)
-        localizes first, so a healthy call can be extracted to compare.
-        """
-        if self.run is None:
-            raise fail("this report has no model to extract from")
-        localization = self._evidence()
-        assert localization is not None and self.localization_provider is not None
-        return extract(localization, self.run.loaded, self.localization_provider, directory,
-                       call)
+    def _session(self, verb: str, call: str) -> Any:
+        session = self.reopen.open(localize=False) if self.reopen is not None else None
+        if session is None:
+            raise fail(f"this report has no model to {verb} (it does not reach its model "
+                       "or inputs: freed, held in a form it cannot reference weakly, or "
+                       "unpickled): " + _SESSION.format(call))
+        return session
 
     def release(self) -> None:
-        """Let go of the tensors the localization kept for :meth:`extract` and the overlay
-        (every module call's outputs, torch's and ONNX's)."""
-        if self.localization is not None:
-            self.localization.evidence = None
+        """Nothing to let go: a report keeps no values (``Validation.release`` lets a
+        session's go)."""
 
     def node_data(self) -> dict[str, Any]:
-        """The errors as Model Explorer node data (see :mod:`onnx_modular.check.overlay`)."""
-        localization = self._evidence()
-        return node_data(localization) if localization is not None else {}
+        """The errors of the localization as Model Explorer node data (see
+        :mod:`onnx_modular.check.overlay`). A report that did not localize localizes now,
+        through a new session while the caller holds the model and inputs (see
+        :meth:`relocalize`); ``{}`` where it cannot."""
+        if self.localization is not None:
+            return self.localization.node_data
+        session = self.reopen.open(localize=False) if self.reopen is not None else None
+        if session is None:
+            return {}
+        with session:
+            session.run()
+            return session.node_data()
 
     def save(self, path: str | Path, format: str | None = None) -> None:
         """Write ``.json`` (``to_dict``), ``.md`` or ``.html``, atomically; with
@@ -139,10 +227,11 @@ class ValidationReport(Report):
             return super().save(path)
         if format not in ("model-explorer", "node-data"):
             raise fail(f"unknown report format '{format}': use 'report' or 'model-explorer'")
-        try:
-            atomic_write_text(path, json.dumps(self.node_data(), indent=1))
-        except OSError as exc:
-            raise fail(f"cannot write node data '{path}': {exc}") from exc
+        data = self.node_data()
+        if not data and self.localization is None:  # never an empty overlay, silently
+            raise fail("this report did not localize and cannot reach its model to do it: "
+                       + _SESSION.format("node_data()"))
+        write_node_data(path, data)
 
     # -- rendering --------------------------------------------------------------------------
 
@@ -385,6 +474,22 @@ class ValidationReport(Report):
                   "outputs of it: the error the call adds (execution order; *in the model*: "
                   "its max abs error after the drift before it).", ""]
         return [*lines, *md_table(self._OWN_HEAD, self._own_rows(own.calls, "&nbsp;" * 2))]
+
+
+def without_values(localization: Localization) -> Localization:
+    """A copy holding no values (no probe, no tensors): what a report keeps, with the
+    overlay of the values (:func:`~onnx_modular.check.overlay.node_data`) as data."""
+    data = node_data(localization) if localization.evidence is not None else \
+        localization.node_data
+    return dataclasses.replace(localization, evidence=None, node_data=data)
+
+
+def write_node_data(path: str | Path, data: dict[str, Any]) -> None:
+    """Model Explorer node data (``ValidationReport.node_data``), written atomically."""
+    try:
+        atomic_write_text(path, json.dumps(data, indent=1))
+    except OSError as exc:
+        raise fail(f"cannot write node data '{path}': {exc}") from exc
 
 
 _BARS = " ▁▂▃▄▅▆▇█"

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import onnx
 
-from onnx_modular._io import encode_varint
+from onnx_modular.leaves._io import encode_varint
 
 _MODEL_GRAPH = 7  # ModelProto.graph
 _GRAPH_INITIALIZER = 5  # GraphProto.initializer

@@ -3,17 +3,19 @@
 Each subcommand does one thing, in its own module (``add_parser`` and ``run``); what they
 share lives in :mod:`~onnx_modular.cli.common`. User errors print one line and exit 2
 (``validate``/``compare`` use 1 for a numerical mismatch); ``--debug`` shows the whole
-chained traceback instead. Files are written atomically: a failure leaves none.
+chained traceback instead; ``--verbose`` logs each stage and pass with its duration.
+Files are written atomically: a failure leaves none.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import sys
 from collections.abc import Sequence
 
 from rich.markup import escape
 
-from onnx_modular import _interrupt
 from onnx_modular.cli import (
     common,
     compare,
@@ -27,6 +29,7 @@ from onnx_modular.cli import (
     validate,
 )
 from onnx_modular.diagnostics import OnnxModularError
+from onnx_modular.leaves import _interrupt, _log
 
 __all__ = ["build_parser", "main"]
 
@@ -40,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = common.Parser(prog="onnx-modular",
                            description=__doc__.splitlines()[0].replace("``", ""))
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="log each stage and pass, and how long it took, on stderr")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=common.Parser)
     for command in _SUBCOMMANDS:
         command.add_parser(sub)
@@ -58,14 +63,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         common.err.print("interrupted")
         return 130
-    try:
-        return args.run(args)
-    except (OnnxModularError, OSError) as e:  # OSError: a path no early check foresaw
-        if args.debug:
-            raise
-        message = str(e) if isinstance(e, OnnxModularError) else f"error: {e}"
-        common.err.print(f"[bold red]{escape(message)}[/bold red]", highlight=False)
-        return common.EXIT_USAGE
-    except KeyboardInterrupt:
-        common.err.print("interrupted")
-        return 130
+    with _log.shown_on(sys.stderr) if args.verbose else contextlib.nullcontext():
+        try:
+            return args.run(args)
+        except (OnnxModularError, OSError) as e:  # OSError: a path no early check foresaw
+            if args.debug:
+                raise
+            message = str(e) if isinstance(e, OnnxModularError) else f"error: {e}"
+            common.err.print(f"[bold red]{escape(message)}[/bold red]", highlight=False)
+            return common.EXIT_USAGE
+        except KeyboardInterrupt:
+            common.err.print("interrupted")
+            return 130

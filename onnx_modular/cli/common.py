@@ -19,11 +19,11 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from onnx_modular import _io
 from onnx_modular.cli.loading import load_model, resolve_inputs
 from onnx_modular.diagnostics import Diagnostic, Level, one_line
-from onnx_modular.errors import fail, rules
-from onnx_modular.runtime import resolve_providers
+from onnx_modular.leaves import _io
+from onnx_modular.leaves.errors import fail, rules
+from onnx_modular.leaves.runtime import resolve_providers
 
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
 
@@ -55,13 +55,15 @@ def usage_error(command: str, message: str) -> None:
 
 
 def _debug_option() -> argparse.ArgumentParser:
-    """``--debug`` after the subcommand too, where users append it.
+    """``--debug`` and ``--verbose`` after the subcommand too, where users append them.
 
     SUPPRESS keeps a subcommand given no ``--debug`` from resetting the top-level flag.
     """
     parent = argparse.ArgumentParser(add_help=False)
     parent.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                         help="show tracebacks")
+    parent.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="log each stage and pass, and how long it took, on stderr")
     return parent
 
 

@@ -9,13 +9,13 @@ from typing import Any
 
 from rich.markup import escape
 
-from onnx_modular._io import atomic_write_text
 from onnx_modular.check.compare import CompareReport, compare
 from onnx_modular.check.inspect import load_onnx
 from onnx_modular.check.module_diff import node_data
 from onnx_modular.cli import common, paths
 from onnx_modular.cli.loading import load_inputs
-from onnx_modular.errors import fail, rules
+from onnx_modular.leaves._io import atomic_write_text
+from onnx_modular.leaves.errors import fail, rules
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -15,13 +15,13 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from onnx_modular._io import write_sarif
 from onnx_modular.api.export import ExportResult, export
 from onnx_modular.check.inspect import summary
 from onnx_modular.check.validate import validate
 from onnx_modular.cli import common, paths
 from onnx_modular.diagnostics import DiagnosticContext, OnnxModularError
-from onnx_modular.errors import fail, rules
+from onnx_modular.leaves._io import write_sarif
+from onnx_modular.leaves.errors import fail, rules
 from onnx_modular.lower.translate import check_opset
 
 

@@ -29,7 +29,7 @@ from rich.markup import escape
 from onnx_modular.api.hook import HookSession, hook
 from onnx_modular.cli import common
 from onnx_modular.diagnostics import OnnxModularError
-from onnx_modular.errors import fail
+from onnx_modular.leaves.errors import fail
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -25,9 +25,9 @@ from typing import Any
 
 import torch
 
-from onnx_modular._util import check_allocation
-from onnx_modular.errors import fail, rules
-from onnx_modular.runtime import first_line as runtime_line
+from onnx_modular.leaves._util import check_allocation
+from onnx_modular.leaves.errors import fail, rules
+from onnx_modular.leaves.runtime import first_line as runtime_line
 
 
 def load_object(spec: str) -> Any:
@@ -90,7 +90,7 @@ def _on_path(entry: str) -> Iterator[None]:
     """``entry`` first on ``sys.path`` while a user's spec is imported, and only then.
 
     The package's own imports never search the current directory (see
-    :mod:`onnx_modular._safepath`); a spec ``pkg.mod:attr`` is looked up there first, under
+    :mod:`onnx_modular.leaves._safepath`); a spec ``pkg.mod:attr`` is looked up there first, under
     ``python -m onnx_modular`` and the ``onnx-modular`` script alike, and a file's folder
     is searched for the modules the file imports.
     """

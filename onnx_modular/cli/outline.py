@@ -14,7 +14,7 @@ from typing import Any
 from onnx_modular.api.outline import outline
 from onnx_modular.cli import common, paths
 from onnx_modular.cli.export import summary_table
-from onnx_modular.errors import fail, rules
+from onnx_modular.leaves.errors import fail, rules
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

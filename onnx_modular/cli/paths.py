@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from onnx_modular.errors import fail, rules
+from onnx_modular.leaves.errors import fail, rules
 
 #: Used where the file system does not say (``os.pathconf``).
 NAME_MAX, PATH_MAX = 255, 4096
@@ -94,7 +94,7 @@ def onnx_files(flag: str, path: str | None) -> dict[str, str]:
     except OSError:
         return found
     if small:
-        from onnx_modular._io import external_data_files
+        from onnx_modular.leaves._io import external_data_files
 
         folder = Path(path).parent
         for name in sorted(external_data_files(Path(path))):

@@ -10,11 +10,11 @@ from typing import Any
 
 from rich.markup import escape
 
-from onnx_modular._util import parse_bytes
 from onnx_modular.api.split import SplitResult, split
 from onnx_modular.api.stages import plan_stages, split_stages
 from onnx_modular.cli import common, paths
-from onnx_modular.errors import fail, rules
+from onnx_modular.leaves._util import parse_bytes
+from onnx_modular.leaves.errors import fail, rules
 from onnx_modular.lower.capture import capture
 from onnx_modular.parts.manifest import check_parts_directory
 from onnx_modular.parts.triton import TritonBatchingWarning, check_repository_path

@@ -8,10 +8,10 @@ from typing import Any
 
 from rich.markup import escape
 
-from onnx_modular._io import atomic_write_bytes
 from onnx_modular.check.compare_io import load_npz, npz_bytes
 from onnx_modular.cli import common
-from onnx_modular.errors import fail, rules
+from onnx_modular.leaves._io import atomic_write_bytes
+from onnx_modular.leaves.errors import fail, rules
 from onnx_modular.parts.triton_runner import TritonRunner
 
 

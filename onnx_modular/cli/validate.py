@@ -12,11 +12,12 @@ from typing import Any
 from rich.markup import escape
 
 from onnx_modular.check.extract import check_directory
-from onnx_modular.check.validate import parts_directory, validate
+from onnx_modular.check.validate import Validation, ValidationReport, parts_directory
+from onnx_modular.check.validation_report import write_node_data
 from onnx_modular.cli import common, paths
-from onnx_modular.errors import fail, rules
+from onnx_modular.leaves.errors import fail, rules
+from onnx_modular.leaves.runtime import load_model
 from onnx_modular.parts.manifest import load_manifest
-from onnx_modular.runtime import load_model
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -64,12 +65,14 @@ def run(args: argparse.Namespace) -> int:
         load_manifest(parts)
     loaded = load_model(args.onnx) if parts is None else parts
     model, inputs, kwargs = common.load_model_and_inputs(args)
-    with common.step("Validating against ONNX Runtime"):
-        rep = validate(model, inputs, loaded, kwargs=kwargs,
-                       providers=providers, rtol=args.rtol, atol=args.atol,
-                       localize=True if args.localize else "auto", weights=args.weights)
-    code = common.finish(rep, rep.ok, args.report)
-    _repro(rep, args)
+    with Validation(model, inputs, loaded, kwargs=kwargs, providers=providers,
+                    rtol=args.rtol, atol=args.atol,
+                    localize=True if args.localize else "auto",
+                    weights=args.weights) as session:
+        with common.step("Validating against ONNX Runtime"):
+            rep = session.run()
+        code = common.finish(rep, rep.ok, args.report)
+        _repro(session, rep, args)
     return code
 
 
@@ -90,11 +93,12 @@ def _check_repro_flags(args: argparse.Namespace, parts: bool) -> None:
         common.check_writable(args.node_data)
 
 
-def _repro(rep: Any, args: argparse.Namespace) -> None:
-    """After the report: the overlay, and the extracted repro with the command to run it."""
+def _repro(session: Validation, rep: ValidationReport, args: argparse.Namespace) -> None:
+    """After the report: the overlay, and the extracted repro with the command to run it
+    (the session localizes for them where the report did not)."""
     out = common.out
     if args.node_data:
-        rep.save(args.node_data, format="model-explorer")
+        write_node_data(args.node_data, session.node_data())
         out.print(f"Model Explorer overlay: {args.node_data} (model-explorer {args.onnx} "
                   f"--extensions model_explorer_onnx --node_data_paths {args.node_data})",
                   highlight=False)
@@ -109,7 +113,7 @@ def _repro(rep: Any, args: argparse.Namespace) -> None:
                   highlight=False)
         return
     with common.step(f"Extracting into {args.extract}"):
-        extraction = rep.extract(args.extract, call=args.call)
+        extraction = session.extract(args.extract, call=args.call)
     out.print(f"[bold]{escape(str(extraction))}[/bold]")
     out.print(f"Extracted {extraction.call_id} to {extraction.directory}/ (module.onnx, "
               "inputs.npz, expected.npz, README.md)", highlight=False, markup=False)

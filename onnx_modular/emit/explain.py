@@ -16,7 +16,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnx_modular.emit.infra import EmitPass
-from onnx_modular.metadata import DIFFERS_FROM
+from onnx_modular.leaves.metadata import DIFFERS_FROM
 
 #: At most this many reasons per function: the first differences say enough.
 MAX_REASONS = 4

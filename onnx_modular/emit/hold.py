@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import onnx_ir as ir
 
-from onnx_modular.metadata import CallInfo
+from onnx_modular.leaves.metadata import CallInfo
 
 _DOMAIN = "onnx_modular.fold"
 _HOLD = "Hold"

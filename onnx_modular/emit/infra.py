@@ -14,8 +14,10 @@ from collections.abc import Iterator, Mapping
 import onnx_ir as ir
 
 from onnx_modular.diagnostics import Location, OnnxModularError
-from onnx_modular.errors import fail, rules
-from onnx_modular.metadata import META_CALL, META_FX_OUTPUTS, META_PATH, CallInfo
+from onnx_modular.emit.walk import graphs
+from onnx_modular.leaves._log import timed
+from onnx_modular.leaves.errors import fail, rules
+from onnx_modular.leaves.metadata import META_CALL, META_FX_OUTPUTS, META_PATH, CallInfo
 
 #: FX node name -> the module calls it ran in, outermost first.
 Chains = Mapping[str, tuple[CallInfo, ...]]
@@ -38,8 +40,7 @@ def _shape(model: ir.Model) -> tuple[list[object], list[object]]:
     opsets. The first list keeps the objects alive, so their ids cannot be reused."""
     keep: list[object] = []
     key: list[object] = [tuple(model.opset_imports.items())]
-    graphs: list[ir.Graph | ir.Function] = [model.graph, *model.functions.values()]
-    for graph in graphs:
+    for graph in graphs(model):
         keep += [graph, *graph.inputs, *graph.outputs]
         key += [id(graph), tuple(map(id, graph.inputs)), tuple(map(id, graph.outputs)),
                 tuple(graph.metadata_props.items())]
@@ -89,7 +90,10 @@ class EmitPass(ir.passes.InPlacePass):
     def __call__(self, model_or_result: ir.Model | ir.passes.PassResult, /
                  ) -> ir.passes.PassResult:
         try:
-            return super().__call__(model_or_result)
+            with timed(f"emit pass {self.name}") as log:
+                result = super().__call__(model_or_result)
+                log["modified"] = result.modified
+            return result
         except OnnxModularError:
             raise  # already says what went wrong, for the user
         except ir.passes.InvariantError as e:  # onnx_ir wraps what requires/ensures raise
@@ -105,11 +109,10 @@ class EmitPass(ir.passes.InPlacePass):
 
 def _all_nodes(model: ir.Model) -> Iterator[tuple[str, ir.Node]]:
     """(where, node) for every node of the main graph and of every function, subgraphs too."""
-    for node in model.graph.all_nodes():
-        yield "the main graph", node
-    for function in model.functions.values():
-        for node in function.all_nodes():
-            yield f"function {function.name}", node
+    for graph in graphs(model):
+        where = "the main graph" if graph is model.graph else f"function {graph.name}"
+        for node in graph.all_nodes():
+            yield where, node
 
 
 def calls_of_missing_functions(model: ir.Model) -> list[str]:

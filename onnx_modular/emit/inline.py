@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from onnx_modular._compat import ObservedInlinePass
 from onnx_modular.emit.infra import EmitPass, listed
 from onnx_modular.emit.labels import absolutize
 from onnx_modular.emit.optimize import finish_inlined, remove_unused_initializers
+from onnx_modular.leaves._compat import ObservedInlinePass
 
 
 class RebasingInlinePass(ObservedInlinePass):

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import onnx_ir as ir
 
-from onnx_modular.metadata import (
+from onnx_modular.leaves.metadata import (
     CLASS_HIERARCHY,
     LABELS,
     META_CALL,

@@ -15,17 +15,18 @@ import onnx_ir as ir
 import onnx_ir.passes.common
 import onnxscript.optimizer
 
-from onnx_modular._compat import (
+from onnx_modular.emit.hold import hold_varying_inputs, release
+from onnx_modular.emit.infra import Chains, EmitPass
+from onnx_modular.emit.outline import Select, chains_per_node
+from onnx_modular.emit.walk import all_nodes, graphs
+from onnx_modular.leaves._compat import (
     FOLDING_LOGGER,
     fold_constants_pass,
     optimize_ir_avoiding,
     quiet_loggers,
 )
-from onnx_modular._weights import StridedTensor
-from onnx_modular.emit.hold import hold_varying_inputs, release
-from onnx_modular.emit.infra import Chains, EmitPass
-from onnx_modular.emit.outline import Select, chains_per_node
-from onnx_modular.metadata import CallInfo
+from onnx_modular.leaves._weights import StridedTensor
+from onnx_modular.leaves.metadata import CallInfo
 
 
 def _quiet_folding() -> contextlib.AbstractContextManager[None]:
@@ -205,12 +206,12 @@ def collapse_reshapes(model: ir.Model) -> int:
     A constant ``b`` without 0 entries does not depend on the intermediate shape.
     """
     collapsed = 0
-    for graph in (model.graph, *(f.graph for f in model.functions.values())):
+    for graph in graphs(model):
         for node in list(graph):
             if not _is_reshape(node) or len(node.inputs) < 2 or node.inputs[0] is None:
                 continue
             inner = node.inputs[0].producer()
-            if not _is_reshape(inner) or inner.graph is not graph:
+            if not _is_reshape(inner) or inner.graph is not node.graph:
                 continue
             shape = ir.convenience.get_const_tensor(node.inputs[1]) if node.inputs[1] else None
             if shape is None or (shape.numpy() == 0).any():
@@ -232,17 +233,16 @@ def plain_reshapes(model: ir.Model) -> int:
     inlining, can, which cost one Reshape per layer.
     """
     relaxed = 0
-    for graph in (model.graph, *(f.graph for f in model.functions.values())):
-        for node in graph:
-            allowzero = node.attributes.get("allowzero")
-            if (not _is_reshape(node) or allowzero is None or allowzero.as_int() == 0
-                    or len(node.inputs) < 2 or node.inputs[1] is None):
-                continue
-            shape = ir.convenience.get_const_tensor(node.inputs[1])
-            if shape is None or (shape.numpy() == 0).any():
-                continue
-            node.attributes["allowzero"] = ir.AttrInt64("allowzero", 0)
-            relaxed += 1
+    for node in all_nodes(model, subgraphs=False):
+        allowzero = node.attributes.get("allowzero")
+        if (not _is_reshape(node) or allowzero is None or allowzero.as_int() == 0
+                or len(node.inputs) < 2 or node.inputs[1] is None):
+            continue
+        shape = ir.convenience.get_const_tensor(node.inputs[1])
+        if shape is None or (shape.numpy() == 0).any():
+            continue
+        node.attributes["allowzero"] = ir.AttrInt64("allowzero", 0)
+        relaxed += 1
     return relaxed
 
 

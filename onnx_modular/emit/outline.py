@@ -11,29 +11,24 @@ place. Bodies with equal structural keys share one ``FunctionProto``.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import itertools
 import json
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol
 
-import onnx
 import onnx_ir as ir
 
-from onnx_modular._compat import ort_contrib_operator_names
-from onnx_modular._util import class_identifier, common_prefix
 from onnx_modular.emit.canonical import graph_key
-from onnx_modular.emit.infra import (
-    Chains,
-    EmitPass,
-    calls_of_missing_functions,
-    listed,
-    unlabelled_calls,
+from onnx_modular.emit.functions import (
+    HoldsOutlineReport,
+    OutlineReport,
+    ensure_calls_resolve,
+    function_base,
 )
+from onnx_modular.emit.infra import Chains, EmitPass, listed, unlabelled_calls
 from onnx_modular.emit.labels import call_scope, relativize
-from onnx_modular.emit.parametrize import merge_scalar_variants
 from onnx_modular.emit.sizes import activations_of, derive, is_size
-from onnx_modular.metadata import (
+from onnx_modular.leaves._util import common_prefix
+from onnx_modular.leaves.arguments import FunctionSelection
+from onnx_modular.leaves.metadata import (
     META_CALL,
     META_FX_OUTPUTS,
     META_PATH,
@@ -48,25 +43,11 @@ DEFAULT_DOMAIN = "onnx_modular"
 Select = Callable[[CallInfo], bool]
 
 
-@dataclasses.dataclass
-class OutlineReport:
-    calls: int = 0
-    functions: int = 0
-    skipped: list[str] = dataclasses.field(default_factory=list)  # calls with no output
-    function_of_call: dict[str, str] = dataclasses.field(default_factory=dict)
-
-
 @dataclasses.dataclass(eq=False)
 class _Scope:
     call: CallInfo | None
-    members: list[Any] = dataclasses.field(default_factory=list)  # ir.Node | _Scope
+    members: list[ir.Node | _Scope] = dataclasses.field(default_factory=list)
     children: list[_Scope] = dataclasses.field(default_factory=list)
-
-
-class HoldsOutlineReport(Protocol):
-    """Where the outline passes keep their report (the pipeline's ``EmitReport``)."""
-
-    outline: OutlineReport | None
 
 
 class Selection:
@@ -76,7 +57,7 @@ class Selection:
     leaving the model flat.
     """
 
-    def __init__(self, items: Iterable[Any]) -> None:
+    def __init__(self, items: Iterable[type | str]) -> None:
         self.wanted: dict[str, str] = {}  # key -> how the user wrote it
         for item in items:
             if isinstance(item, type):
@@ -95,7 +76,7 @@ class Selection:
         return [shown for key, shown in self.wanted.items() if key not in self.matched]
 
 
-def selector(functions: Any) -> Select | None:
+def selector(functions: FunctionSelection | None) -> Select | None:
     """``"all"`` -> None (everything); ``"none"``; or a :class:`Selection` of the items."""
     if functions in (None, "all"):
         return None
@@ -352,22 +333,6 @@ def _nested(nodes: list[ir.Node]) -> tuple[set[ir.Graph], dict[ir.Node, list[ir.
     return graphs, inner
 
 
-@functools.cache
-def operator_names() -> frozenset[str]:
-    """Operators of the default ONNX domain (every version) and of ``com.microsoft``."""
-    standard = {s.name for s in onnx.defs.get_all_schemas_with_history()
-                if s.domain in ("", "ai.onnx")}
-    return frozenset(standard) | ort_contrib_operator_names()
-
-
-def function_base(type_name: str) -> str:
-    """A function's name before numbering: its class name, suffixed where it is an operator
-    name (``Softmax`` -> ``Softmax_module``). IREE and TVM ignore a call's domain and would
-    run a function named ``Softmax`` as the standard op, silently giving other numbers."""
-    base = class_identifier(type_name)
-    return f"{base}_module" if base in operator_names() else base
-
-
 def _in_order(graph: ir.Graph) -> bool:
     """Does every node come after the nodes of this graph that it reads from?"""
     seen: set[ir.Node] = set()
@@ -442,226 +407,3 @@ class Outline(EmitPass):
         if unlabelled:
             raise self.postcondition_failed(
                 f"every call node labelled with its module call; {listed(unlabelled)}")
-
-
-def ensure_calls_resolve(step: EmitPass, model: ir.Model) -> None:
-    """``step``'s postcondition: every call of a local function calls one the model holds."""
-    missing = calls_of_missing_functions(model)
-    if missing:
-        raise step.postcondition_failed(
-            f"every called function in the model; missing: {listed(missing)}")
-
-
-def merge_equal_functions(model: ir.Model, report: OutlineReport | None = None) -> int:
-    """After optimization: functions of one class whose bodies came out the same become one,
-    to a fixpoint (``Linear`` 32->96 and 32->32: one ``MatMul, Add``; then the two blocks
-    that call them, and so on up).
-
-    Bodies are keyed with their input shapes for outlining, since the optimizer specializes a
-    body to its shapes; here what it made of each is compared with the shapes left out, and
-    equal bodies share the first function. A body's key names the functions it calls, so a
-    parent is compared again after its children merged. A kept function's recorded types
-    no longer hold for every call and are dropped; names are made dense again (``Linear``,
-    ``Linear_1``). When nothing else merges, bodies that differ only in float scalars become
-    one function with attributes (:mod:`.parametrize`). Returns how many functions were
-    merged away.
-    """
-    original = {identifier[1]: function for identifier, function in model.functions.items()}
-    rounds = MergeRound()
-    # each round that changes the model merges a function away: one round more than there
-    # are functions always reaches the round that changes nothing, where the manager stops
-    ir.passes.PassManager([rounds], steps=len(model.functions) + 1, early_stop=True)(model)
-    target, merged = rounds.target, rounds.merged
-    if not merged:
-        return 0
-    counts: dict[tuple[str, str], int] = {}
-    for function in model.functions.values():  # creation order, as outlining named them
-        base = function_base(function.doc_string or function.name)
-        n = counts.get((function.domain, base), 0)
-        counts[(function.domain, base)] = n + 1
-        function.name = base if n == 0 else f"{base}_{n}"
-    renamed = {identifier: function for identifier, function in model.functions.items()}
-    model.functions.clear()
-    for function in renamed.values():
-        model.functions[function.identifier()] = function
-    _retarget_calls(model, renamed)
-    if report is not None:
-        def final(name: str) -> str:
-            function = original.get(name)
-            while function is not None and id(function) in target:
-                function = target[id(function)]
-            return function.name if function is not None else name
-
-        report.function_of_call = {call: final(name)
-                                   for call, name in report.function_of_call.items()}
-        report.functions = len(model.functions)
-    return merged
-
-
-class MergeRound(EmitPass):
-    """One round of :func:`merge_equal_functions`: equal keys first; when none, a function
-    into its fuller sibling; when none, scalar variants. Reports a change exactly when it
-    merged a function away; ``target`` maps each merged function (by id) to the one kept."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.target: dict[int, ir.Function] = {}
-        self.merged = 0
-
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
-        kept_for = _merge_equal_keys(model, self.target)
-        if not kept_for:
-            kept_for = _merge_unused_outputs(model, self.target)
-        if not kept_for:
-            kept_for = _merge_parametrized(model, self.target)
-        self.merged += len(kept_for)
-        return ir.passes.PassResult(model, modified=bool(kept_for))
-
-
-def _merge_equal_keys(model: ir.Model, target: dict[int, ir.Function]
-                      ) -> dict[ir.OperatorIdentifier, ir.Function]:
-    """Functions of one class whose bodies (shapes left out) are equal: the first is kept."""
-    first: dict[tuple[str, str | None, str], ir.Function] = {}
-    kept_for: dict[ir.OperatorIdentifier, ir.Function] = {}
-    for identifier, function in model.functions.items():
-        key = (function.domain, function.doc_string,
-               graph_key(function.graph, signature=False))
-        kept = first.setdefault(key, function)
-        if kept is not function:
-            kept_for[identifier] = kept
-            target[id(function)] = kept
-            _drop_value_types(kept)
-    for identifier in kept_for:
-        del model.functions[identifier]
-    if kept_for:
-        _retarget_calls(model, kept_for)
-    return kept_for
-
-
-class MergeEqualFunctions(EmitPass):
-    """After optimization: equal bodies of one class become one function, to a fixpoint
-    (:func:`merge_equal_functions`), keeping ``report.outline`` up to date."""
-
-    def __init__(self, report: HoldsOutlineReport) -> None:
-        super().__init__()
-        self.report = report
-
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
-        merged = merge_equal_functions(model, self.report.outline)
-        return ir.passes.PassResult(model, modified=bool(merged))
-
-    def ensures(self, model: ir.Model) -> None:
-        ensure_calls_resolve(self, model)
-
-
-def _merge_parametrized(model: ir.Model, target: dict[int, ir.Function]
-                        ) -> dict[ir.OperatorIdentifier, ir.Function]:
-    """Bodies of one class that differ only in float scalars: one function with attributes
-    (:mod:`.parametrize`)."""
-    kept_for: dict[ir.OperatorIdentifier, ir.Function] = {}
-    for gone, kept in merge_scalar_variants(model):
-        target[id(gone)] = kept
-        kept_for[gone.identifier()] = kept
-        _drop_value_types(kept)
-    return kept_for
-
-
-def _merge_unused_outputs(model: ir.Model, target: dict[int, ir.Function]
-                          ) -> dict[ir.OperatorIdentifier, ir.Function]:
-    """A call whose caller ignores some outputs loses them (and what computes only them)
-    before outlining, so its body looks like a new prototype (Flux's last single block).
-    Such a function is merged into the function of its class it is a part of: the body that,
-    with only some of its outputs kept, is the same. Its calls take the fuller function and
-    leave the extra outputs unused. One merge per call, then equal keys are compared again.
-    """
-    by_class: dict[tuple[str, str | None], list[ir.Function]] = {}
-    for function in model.functions.values():
-        by_class.setdefault((function.domain, function.doc_string), []).append(function)
-    for functions in by_class.values():
-        for small in functions:
-            key = graph_key(small.graph, signature=False)
-            for full in functions:
-                if full is small or len(full.outputs) <= len(small.outputs) \
-                        or len(full.inputs) != len(small.inputs):
-                    continue
-                kept = _outputs_matching(full, small, key)
-                if kept is None:
-                    continue
-                target[id(small)] = full
-                _drop_value_types(full)
-                del model.functions[small.identifier()]
-                _widen_calls(model, small, full, kept)
-                return {small.identifier(): full}
-    return {}
-
-
-def _outputs_matching(full: ir.Function, small: ir.Function,
-                      key: str) -> tuple[int, ...] | None:
-    """Which outputs of ``full`` (in order), kept alone, make ``small``'s body."""
-    for kept in itertools.combinations(range(len(full.outputs)), len(small.outputs)):
-        pruned = ir.serde.deserialize_function(ir.serde.serialize_function(full))
-        outputs = [pruned.outputs[i] for i in kept]
-        pruned.outputs.clear()
-        pruned.outputs.extend(outputs)
-        _remove_dead_nodes(pruned.graph)
-        if graph_key(pruned.graph, signature=False) == key:
-            return kept
-    return None
-
-
-def _remove_dead_nodes(graph: ir.Graph) -> None:
-    live = set(graph.outputs)
-    for node in reversed(list(graph)):
-        if any(v in live for v in node.outputs):
-            live.update(v for v in node.inputs if v is not None)
-        else:
-            graph.remove(node, safe=False)
-
-
-def _widen_calls(model: ir.Model, small: ir.Function, full: ir.Function,
-                 kept: tuple[int, ...]) -> None:
-    """Every call of ``small`` becomes a call of ``full``; its outputs land at ``kept``."""
-    graphs = [model.graph, *(f.graph for f in model.functions.values())]
-    for graph in graphs:
-        for node in list(graph):
-            if node.op_identifier() != small.identifier():
-                continue
-            wider = ir.Node(full.domain, full.name, list(node.inputs),
-                            attributes=list(node.attributes.values()),  # a call's parameters
-                            num_outputs=len(full.outputs), name=node.name,
-                            metadata_props=dict(node.metadata_props))
-            for i, old in zip(kept, node.outputs, strict=True):
-                new = wider.outputs[i]
-                new.name, new.type, new.shape = old.name, old.type, old.shape
-                old.name = None
-                for k, out in enumerate(graph.outputs):
-                    if out is old:
-                        graph.outputs[k] = new
-                old.replace_all_uses_with(new)
-            for i, out in enumerate(wider.outputs):
-                if out.name is None:
-                    out.name = f"{node.name}_unused_{i}"
-            fx_outputs = node.metadata_props.get(META_FX_OUTPUTS)
-            if fx_outputs is not None:
-                widened: list[str | None] = [None] * len(full.outputs)
-                for i, fx in zip(kept, json.loads(fx_outputs), strict=True):
-                    widened[i] = fx
-                wider.metadata_props[META_FX_OUTPUTS] = json.dumps(widened)
-            graph.insert_before(node, wider)
-            graph.remove(node, safe=False)
-
-
-def _retarget_calls(model: ir.Model,
-                    target: Mapping[ir.OperatorIdentifier, ir.Function]) -> None:
-    """Point every call node (main graph, bodies, subgraphs) at its new function."""
-    for node in (*model.graph.all_nodes(),
-                 *(n for f in model.functions.values() for n in f.all_nodes())):
-        function = target.get(node.op_identifier())
-        if function is not None:
-            node.domain, node.op_type = function.domain, function.name
-
-
-def _drop_value_types(function: ir.Function) -> None:
-    for value in (*function.inputs, *(out for node in function for out in node.outputs)):
-        value.type = None
-        value.shape = None

@@ -23,6 +23,7 @@ from onnx_modular.emit.canonical import (
     is_scalar_constant,
     structural_key,
 )
+from onnx_modular.emit.walk import all_nodes
 
 #: ("attr", node index, attribute name) or ("const", node index, input index); node indices
 #: count the body's nodes that are not Constant nodes (keys align those, not constants).
@@ -190,8 +191,7 @@ def _parametrize(group: Sequence[ir.Function], parameters: list[Parameter],
 def _calls(model: ir.Model) -> dict[ir.OperatorIdentifier, list[ir.Node]]:
     """Every call node (main graph, bodies, subgraphs) per function it calls."""
     calls: dict[ir.OperatorIdentifier, list[ir.Node]] = {}
-    for node in (*model.graph.all_nodes(),
-                 *(n for f in model.functions.values() for n in f.all_nodes())):
+    for node in all_nodes(model):
         if node.op_identifier() in model.functions:
             calls.setdefault(node.op_identifier(), []).append(node)
     return calls

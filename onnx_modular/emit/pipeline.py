@@ -21,7 +21,6 @@ one :class:`~onnx_ir.passes.Sequential`, so a failure names the step it happened
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import onnx_ir as ir
 import torch
@@ -30,9 +29,9 @@ from onnx_modular.diagnostics import DiagnosticContext, Location, OnnxModularErr
 from onnx_modular.emit.explain import ExplainDifferences
 from onnx_modular.emit.infra import Chains, EmitPassError
 from onnx_modular.emit.inline import InlineAll
+from onnx_modular.emit.merge import MergeEqualFunctions
 from onnx_modular.emit.optimize import FoldWeights, Optimize
 from onnx_modular.emit.outline import (
-    MergeEqualFunctions,
     Outline,
     OutlineReport,
     Select,
@@ -42,7 +41,9 @@ from onnx_modular.emit.outline import (
 from onnx_modular.emit.repair import Repair, RepairSqueeze
 from onnx_modular.emit.sizes import MergeShapeSlices
 from onnx_modular.emit.verify import Verify
-from onnx_modular.errors import fail, rules
+from onnx_modular.leaves._log import timed
+from onnx_modular.leaves.arguments import FunctionSelection
+from onnx_modular.leaves.errors import fail, rules
 
 __all__ = ["Chains", "EmitOptions", "EmitReport", "emit_model", "program_weights",
            "report_outline"]
@@ -52,7 +53,7 @@ __all__ = ["Chains", "EmitOptions", "EmitReport", "emit_model", "program_weights
 class EmitOptions:
     """What the user asked for: which calls become functions, dedupe, optimization."""
 
-    functions: Any = "all"  # "all" | "none" (flat) | classes, class names or module paths
+    functions: FunctionSelection = "all"  # "all", "none" (flat), or classes, names, paths
     dedupe: bool = True
     optimize: bool = True
     #: ONNX op types the optimizer's rewrites must not create (an acc region's denied ops)
@@ -95,8 +96,9 @@ def emit_model(model: ir.Model, chains: Chains, weights: frozenset[str] | set[st
     with ctx.recording_failures():
         select = options.selection()
         report = EmitReport()
-        with ctx.scope("Emit"):
+        with ctx.scope("Emit"), timed("emit") as log:
             _run(ir.passes.Sequential(*_steps(options, chains, weights, select, report)), model)
+            log["functions"] = len(model.functions)
     for repair in report.repairs:
         ctx.warn(rules.TRANSLATION, Location(module_path=repair.module_path,
                                              fx_node=repair.fx_node), reason=(

@@ -17,13 +17,14 @@ from typing import Any, Protocol
 import onnx_ir as ir
 import torch
 
-from onnx_modular._compat import quiet_loggers
-from onnx_modular._io import proto_without_initializers
 from onnx_modular.diagnostics import DiagnosticContext
-from onnx_modular.emit.outline import merge_equal_functions
+from onnx_modular.emit.merge import merge_equal_functions
 from onnx_modular.emit.pipeline import Chains, EmitOptions, emit_model
-from onnx_modular.errors import fail, rules
-from onnx_modular.metadata import REGION_KIND, fx_name
+from onnx_modular.emit.walk import all_nodes, graphs
+from onnx_modular.leaves._compat import quiet_loggers
+from onnx_modular.leaves._io import proto_without_initializers
+from onnx_modular.leaves.errors import fail, rules
+from onnx_modular.leaves.metadata import REGION_KIND, fx_name
 from onnx_modular.support.operator_support import OnnxOp, OpEntry, onnx_display
 
 SPLIT_DOMAIN = "onnx_modular.split"
@@ -139,109 +140,134 @@ def _top_level_owner(graph: ir.Graph) -> dict[ir.Node, ir.Node]:
     return owner
 
 
-def partition(model: ir.Model, region_names: Sequence[tuple[str, str]],
-              region_of_fx: Mapping[str, int], fx_meta: Callable[[str], Any],
-              ctx: DiagnosticContext | None = None) -> list[RegionGraph]:
-    """Standalone models, one per region, from a copy of the translated ``model``.
+class _Cut:
+    """One partition under way: the working copy's nodes by region and, per region, the
+    values it reads from elsewhere (fresh inputs, its own copy of each weight), where its
+    inputs come from and which regions (or the model's output) read its values."""
 
-    ``region_names``: (name, kind) per region in execution order; ``region_of_fx``: FX node
-    name -> region index; ``fx_meta``: FX node name -> its ``meta["val"]`` (for types).
-    """
-    ctx = ctx or DiagnosticContext()
-    work = copy_model(model)
-    graph = work.graph
-    region = _region_of_nodes(graph, region_of_fx)
-    top_of = _top_level_owner(graph)
-    n = len(region_names)
-    nodes_of: list[list[ir.Node]] = [[] for _ in range(n)]
-    for node in graph:
-        if node in region:
-            nodes_of[region[node]].append(node)
+    def __init__(self, graph: ir.Graph, region_names: Sequence[tuple[str, str]],
+                 region_of_fx: Mapping[str, int], fx_meta: Callable[[str], Any]) -> None:
+        self.names = [name for name, _ in region_names]
+        self.fx_meta = fx_meta
+        self.region = _region_of_nodes(graph, region_of_fx)
+        self.top_of = _top_level_owner(graph)
+        n = len(region_names)
+        self.nodes_of: list[list[ir.Node]] = [[] for _ in range(n)]
+        for node in graph:
+            if node in self.region:
+                self.nodes_of[self.region[node]].append(node)
+        self.initializers = set(graph.initializers.values())
+        self.graph_inputs = set(graph.inputs)
+        self.inputs: list[list[ir.Value]] = [[] for _ in range(n)]
+        self.weights: list[list[ir.Value]] = [[] for _ in range(n)]
+        self.sources: list[dict[str, str]] = [{} for _ in range(n)]
+        self.consumers: list[dict[str, list[str]]] = [{} for _ in range(n)]
 
-    def region_of_use(user: ir.Node) -> int | None:
-        return region.get(top_of.get(user, user))
-
-    initializers = set(graph.initializers.values())
-    graph_inputs = set(graph.inputs)
-    graph_outputs = list(graph.outputs)
-    new_inputs: list[list[ir.Value]] = [[] for _ in range(n)]
-    new_inits: list[list[ir.Value]] = [[] for _ in range(n)]
-    sources: list[dict[str, str]] = [{} for _ in range(n)]
-    consumers: list[dict[str, list[str]]] = [{} for _ in range(n)]
-    outputs: list[list[ir.Value]] = [[] for _ in range(n)]
-
-    # Every value read by a region but not made there gets a fresh value of the same name.
-    values: list[ir.Value] = list(graph.inputs) + list(graph.initializers.values())
-    values += [v for node in graph for v in node.outputs]
-    for v in values:
+    def cross(self, v: ir.Value) -> None:
+        """Every region reading ``v`` but not making it gets a fresh value of its name (a
+        constant: its own copy of the node making it)."""
         producer = v.producer()
-        p_region = region.get(producer) if producer is not None else None
+        p_region = self.region.get(producer) if producer is not None else None
         uses_by_region: dict[int, list[tuple[ir.Node, int]]] = {}
         for user, idx in v.uses():
-            r = region_of_use(user)
+            r = self.region.get(self.top_of.get(user, user))
             if r is not None:
                 uses_by_region.setdefault(r, []).append((user, idx))
         for r, uses in sorted(uses_by_region.items()):
             if r == p_region:
                 continue
             if producer is not None and _is_source(producer):
-                # a constant shared by several FX nodes: each region gets its own copy, an
-                # earlier region too (the translation made it once, for whichever came first)
-                clone = ir.Node(producer.domain, producer.op_type, [],
-                                [ir.Attr(a.name, a.type, a.value)
-                                 for a in producer.attributes.values()],
-                                name=f"{producer.name}_{region_names[r][0]}",
-                                metadata_props=dict(producer.metadata_props))
-                clone.outputs[0].name, clone.outputs[0].type = v.name, v.type
-                clone.outputs[0].shape = v.shape
-                for user, idx in uses:
-                    user.replace_input_with(idx, clone.outputs[0])
-                nodes_of[r].insert(0, clone)
-                continue
-            if p_region is not None and p_region > r:
-                raise fail(rule=rules.TRANSLATION, reason=(
-                    f"ONNX value '{v.name}' of region {region_names[p_region][0]} is read by "
-                    f"the earlier region {region_names[r][0]}"))
-            _fill_type(v, fx_meta)
-            fresh = ir.Value(name=v.name, shape=v.shape, type=v.type,
-                             const_value=v.const_value if v in initializers else None)
-            for user, idx in uses:
-                user.replace_input_with(idx, fresh)
-            if v in initializers:
-                new_inits[r].append(fresh)
+                self._copy_constant(producer, v, r, uses)
             else:
-                new_inputs[r].append(fresh)
-                src = "input" if v in graph_inputs else region_names[p_region][0]  # type: ignore[index]
-                sources[r][v.name or ""] = src
-                if p_region is not None:
-                    consumers[p_region].setdefault(v.name or "", []).append(region_names[r][0])
+                self._pass(v, p_region, r, uses)
         if p_region is not None and v.is_graph_output():
-            consumers[p_region].setdefault(v.name or "", []).append("output")
-    for r in range(n):
-        made = {v for node in nodes_of[r] for v in node.outputs}
-        outputs[r] = [v for node in nodes_of[r] for v in node.outputs
-                      if v in made and (v.name or "") in consumers[r]]
-        for v in outputs[r]:
-            _fill_type(v, fx_meta)
-    for v in graph_outputs:
-        if v in graph_inputs:
-            continue  # a model input returned as is: the runner has it from the start
-        if v.producer() is None or v.producer() not in region:
-            raise fail(rule=rules.TRANSLATION, reason=(
-                f"model output '{v.name}' is not computed by any region (a constant returned "
-                "as is cannot be split)"))
+            self.consumers[p_region].setdefault(v.name or "", []).append("output")
 
+    def _copy_constant(self, producer: ir.Node, v: ir.Value, r: int,
+                       uses: list[tuple[ir.Node, int]]) -> None:
+        """A constant shared by several FX nodes: each region gets its own copy, an earlier
+        region too (the translation made it once, for whichever came first)."""
+        clone = ir.Node(producer.domain, producer.op_type, [],
+                        [ir.Attr(a.name, a.type, a.value) for a in producer.attributes.values()],
+                        name=f"{producer.name}_{self.names[r]}",
+                        metadata_props=dict(producer.metadata_props))
+        clone.outputs[0].name, clone.outputs[0].type = v.name, v.type
+        clone.outputs[0].shape = v.shape
+        for user, idx in uses:
+            user.replace_input_with(idx, clone.outputs[0])
+        self.nodes_of[r].insert(0, clone)
+
+    def _pass(self, v: ir.Value, p_region: int | None, r: int,
+              uses: list[tuple[ir.Node, int]]) -> None:
+        """``v`` into region ``r``: a weight of its own, or an input from where it is made."""
+        if p_region is not None and p_region > r:
+            raise fail(rule=rules.TRANSLATION, reason=(
+                f"ONNX value '{v.name}' of region {self.names[p_region]} is read by "
+                f"the earlier region {self.names[r]}"))
+        _fill_type(v, self.fx_meta)
+        weight = v in self.initializers
+        fresh = ir.Value(name=v.name, shape=v.shape, type=v.type,
+                         const_value=v.const_value if weight else None)
+        for user, idx in uses:
+            user.replace_input_with(idx, fresh)
+        if weight:
+            self.weights[r].append(fresh)
+            return
+        self.inputs[r].append(fresh)
+        src = "input" if v in self.graph_inputs else self.names[p_region]  # type: ignore[index]
+        self.sources[r][v.name or ""] = src
+        if p_region is not None:
+            self.consumers[p_region].setdefault(v.name or "", []).append(self.names[r])
+
+    def outputs(self, r: int) -> list[ir.Value]:
+        """The values region ``r`` makes that another region or the model's output reads."""
+        found = [v for node in self.nodes_of[r] for v in node.outputs
+                 if (v.name or "") in self.consumers[r]]
+        for v in found:
+            _fill_type(v, self.fx_meta)
+        return found
+
+    def check_outputs(self, graph_outputs: Sequence[ir.Value]) -> None:
+        """Every model output is made by a region (or is a model input, returned as is)."""
+        for v in graph_outputs:
+            if v in self.graph_inputs:
+                continue  # a model input returned as is: the runner has it from the start
+            if v.producer() is None or v.producer() not in self.region:
+                raise fail(rule=rules.TRANSLATION, reason=(
+                    f"model output '{v.name}' is not computed by any region (a constant "
+                    "returned as is cannot be split)"))
+
+
+def partition(model: ir.Model, region_names: Sequence[tuple[str, str]],
+              region_of_fx: Mapping[str, int], fx_meta: Callable[[str], Any]
+              ) -> list[RegionGraph]:
+    """Standalone models, one per region, from a copy of the translated ``model``.
+
+    ``region_names``: (name, kind) per region in execution order; ``region_of_fx``: FX node
+    name -> region index; ``fx_meta``: FX node name -> its ``meta["val"]`` (for types).
+    """
+    work = copy_model(model)
+    graph = work.graph
+    cut = _Cut(graph, region_names, region_of_fx, fx_meta)
+    graph_outputs = list(graph.outputs)
+    # Every value read by a region but not made there gets a fresh value of the same name.
+    values: list[ir.Value] = list(graph.inputs) + list(graph.initializers.values())
+    for v in values + [v for node in graph for v in node.outputs]:
+        cut.cross(v)
+    outputs = [cut.outputs(r) for r in range(len(region_names))]
+    cut.check_outputs(graph_outputs)
     graph.outputs.clear()
     graph.remove(list(graph), safe=False)
     result = []
     for r, (name, kind) in enumerate(region_names):
-        g = ir.Graph(new_inputs[r], outputs[r], nodes=nodes_of[r], initializers=new_inits[r],
-                     opset_imports=dict(graph.opset_imports), name=name)
+        g = ir.Graph(cut.inputs[r], outputs[r], nodes=cut.nodes_of[r],
+                     initializers=cut.weights[r], opset_imports=dict(graph.opset_imports),
+                     name=name)
         m = ir.Model(g, ir_version=work.ir_version, producer_name="onnx_modular",
                      producer_version=work.producer_version)
-        weights = {v.name or "": v.const_value.nbytes for v in new_inits[r]
+        weights = {v.name or "": v.const_value.nbytes for v in cut.weights[r]
                    if v.const_value is not None}
-        result.append(RegionGraph(name, kind, m, sources[r], consumers[r], weights))
+        result.append(RegionGraph(name, kind, m, cut.sources[r], cut.consumers[r], weights))
     return result
 
 
@@ -321,8 +347,7 @@ def _pool_functions(functions: dict[ir.OperatorIdentifier, ir.Function],
             renames[identifier] = fn
         functions[fn.identifier()] = fn
     if renames:
-        for node in (*model.graph.all_nodes(),
-                     *(n for f in model.functions.values() for n in f.all_nodes())):
+        for node in list(all_nodes(model)):
             target = renames.get(node.op_identifier())
             if target is not None:
                 node.op_type = target.name
@@ -361,10 +386,9 @@ def op_types_in(model: ir.Model) -> dict[tuple[str, str], list[str]]:
     own functions are not ops."""
     own = set(model.functions)
     found: dict[tuple[str, str], list[str]] = {}
-    bodies = [("main graph", model.graph)] + [
-        (f"function {f.name}", f.graph) for f in model.functions.values()]
-    for where, graph in bodies:
-        for node in ir.traversal.RecursiveGraphIterator(graph):
+    for graph in graphs(model):
+        where = "main graph" if graph is model.graph else f"function {graph.name}"
+        for node in graph.all_nodes():
             if node.op_identifier() in own:
                 continue
             domain = "" if node.domain in ("", "ai.onnx") else node.domain
@@ -395,25 +419,55 @@ class AccLimits:
     entries: tuple[OpEntry, ...] = ()
 
 
-def emit_regions(model: ir.Model, regions: Sequence[PlannedRegion],
-                 fx_meta: Callable[[str], Any], chains: Chains, weights: frozenset[str],
-                 options: EmitOptions, limits: AccLimits, ctx: DiagnosticContext
-                 ) -> list[RegionGraph]:
-    """One standalone, emitted model per region, cut from the translation ``model``.
+@dataclasses.dataclass(frozen=True)
+class RegionEmission:
+    """How every part's model is emitted, decided once by the split's entry point:
+    ``hierarchical`` (module calls wholly in a part become functions of its model) and
+    ``limits`` (the ONNX ops no accelerator model may hold)."""
 
-    Each region gets its share of ``chains`` (:func:`region_chains`); accelerator regions
-    are emitted avoiding ``limits.forbidden_ops`` and then checked for them.
+    hierarchical: bool = True
+    limits: AccLimits = AccLimits()
+
+    def options(self, graph: RegionGraph) -> EmitOptions:
+        """The emit pipeline's options for one part (an accelerator part avoids the ops
+        its limits forbid)."""
+        options = EmitOptions("all" if self.hierarchical else "none")
+        if not graph.is_acc:
+            return options
+        return dataclasses.replace(
+            options, avoid_ops=frozenset(op for _, op in self.limits.forbidden_ops))
+
+
+class Translated(Protocol):
+    """The translation parts are cut from (``api.spine.Lowered``): the unoptimized model,
+    each FX node's module calls and the names of the program's weights."""
+
+    @property
+    def model(self) -> ir.Model: ...
+
+    @property
+    def chains(self) -> Chains: ...
+
+    @property
+    def weights(self) -> frozenset[str]: ...
+
+
+def emit_regions(translated: Translated, regions: Sequence[PlannedRegion],
+                 fx_meta: Callable[[str], Any], emission: RegionEmission,
+                 ctx: DiagnosticContext) -> list[RegionGraph]:
+    """One standalone, emitted model per region, cut from the translation.
+
+    Each region gets its share of the chains (:func:`region_chains`); accelerator regions
+    are emitted avoiding ``emission.limits.forbidden_ops`` and then checked for them.
     """
     index = {n: i for i, r in enumerate(regions) for n in r.node_names}
-    graphs = partition(model, [(r.name, r.kind) for r in regions], index, fx_meta, ctx)
-    acc_options = dataclasses.replace(
-        options, avoid_ops=frozenset(op for _, op in limits.forbidden_ops))
-    for graph, chain in zip(graphs, region_chains(chains, index, len(graphs)), strict=True):
+    graphs = partition(translated.model, [(r.name, r.kind) for r in regions], index, fx_meta)
+    shares = region_chains(translated.chains, index, len(graphs))
+    for graph, chain in zip(graphs, shares, strict=True):
         with ctx.scope(graph.name):
-            emit_model(graph.model, chain, weights,
-                       acc_options if graph.is_acc else options, ctx)
+            emit_model(graph.model, chain, translated.weights, emission.options(graph), ctx)
             if graph.is_acc:
-                check_acc_model(graph, limits)
+                check_acc_model(graph, emission.limits)
     return graphs
 
 

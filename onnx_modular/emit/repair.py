@@ -16,7 +16,8 @@ import numpy as np
 import onnx_ir as ir
 
 from onnx_modular.emit.infra import Chains, EmitPass
-from onnx_modular.metadata import fx_name
+from onnx_modular.emit.walk import all_nodes
+from onnx_modular.leaves.metadata import fx_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,11 +37,9 @@ class RepairSqueeze(EmitPass):
         self.chains, self.repairs = chains, repairs
 
     def run(self, model: ir.Model) -> None:
-        graphs: list[ir.Graph | ir.Function] = [model.graph, *model.functions.values()]
-        for graph in graphs:
-            for node in list(ir.traversal.RecursiveGraphIterator(graph)):
-                if node.op_type == "Squeeze" and node.domain in ("", "ai.onnx"):
-                    self._repair(node)
+        for node in list(all_nodes(model)):
+            if node.op_type == "Squeeze" and node.domain in ("", "ai.onnx"):
+                self._repair(node)
 
     def _repair(self, node: ir.Node) -> None:
         data, shape = node.inputs[0], node.inputs[0].shape if node.inputs[0] else None

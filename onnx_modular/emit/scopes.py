@@ -29,10 +29,11 @@ from collections.abc import Iterable, Sequence
 import onnx
 import onnx_ir as ir
 
-from onnx_modular._util import common_prefix
 from onnx_modular.emit.inline import RebasingInlinePass
 from onnx_modular.emit.labels import RELATIVE, call_suffix, scope_of, torch_scopes
-from onnx_modular.metadata import (
+from onnx_modular.emit.walk import all_nodes
+from onnx_modular.leaves._util import common_prefix
+from onnx_modular.leaves.metadata import (
     CLASS_HIERARCHY,
     LABELS,
     META_CALL,
@@ -295,8 +296,7 @@ def inline_labelled(model: ir.Model) -> None:
     tool that stripped the labels (onnxslim: of call nodes and functions alike) usually kept
     a call node's name, the call id outlining gave it, and a function's doc string, its
     class: the labels are taken back from them."""
-    bodies = [n for f in model.functions.values() for n in f.all_nodes()]
-    for node in [*model.graph.all_nodes(), *bodies]:  # in a body a call's name is relative
+    for node in all_nodes(model):  # in a body a call's name is relative
         function = model.functions.get(node.op_identifier())
         if function is None or META_PATH in node.metadata_props or not node.name:
             continue

@@ -18,8 +18,8 @@ import onnx_ir as ir
 
 from onnx_modular.diagnostics import Location
 from onnx_modular.emit.infra import EmitPass, calls_of_missing_functions, listed
-from onnx_modular.errors import fail, rules
-from onnx_modular.metadata import META_PATH, STACK_TRACE, fx_name
+from onnx_modular.leaves.errors import fail, rules
+from onnx_modular.leaves.metadata import META_PATH, STACK_TRACE, fx_name
 
 _NODE = re.compile(r"\(op_type:([^,]+), node name: ([^)]*)\)")
 

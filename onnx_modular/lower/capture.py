@@ -12,26 +12,27 @@ from typing import Any
 
 import torch
 
-from onnx_modular._checkpoint import (
+from onnx_modular.diagnostics import DiagnosticContext, Location
+from onnx_modular.leaves._checkpoint import (
     Checkpoint,
     bound_weights,
     check_checkpoint,
     require_data,
 )
-from onnx_modular._compat import quiet_libraries, tree_leaves
-from onnx_modular.diagnostics import DiagnosticContext, Location
-from onnx_modular.errors import fail, rules
+from onnx_modular.leaves._compat import quiet_libraries, tree_leaves
+from onnx_modular.leaves.arguments import DynamicShapes, ExampleArgs, ExampleKwargs, Model
+from onnx_modular.leaves.errors import fail, rules
 
 
-def capture(model: Any, args: Any = (), kwargs: dict[str, Any] | None = None,
-            dynamic_shapes: Any = None,
+def capture(model: Model, args: ExampleArgs = (), kwargs: ExampleKwargs | None = None,
+            dynamic_shapes: DynamicShapes | None = None,
             ctx: DiagnosticContext | None = None, *,
             weights: Checkpoint | None = None,
             meta_ok: bool = False) -> torch.export.ExportedProgram:
     """``torch.export.export(..., strict=False)``; an ExportedProgram passes through.
 
     ``weights``: the checkpoint of a model built on the meta device; the program holds its
-    tensors, mapped from their files (:mod:`onnx_modular._checkpoint`), and the model gets
+    tensors, mapped from their files (:mod:`onnx_modular.leaves._checkpoint`), and the model gets
     its own back. ``meta_ok``: the caller reads shapes only (a stage plan), so a model on
     the meta device needs no checkpoint.
     """
@@ -63,7 +64,7 @@ def capture(model: Any, args: Any = (), kwargs: dict[str, Any] | None = None,
     return program
 
 
-def _warn_empty_inputs(args: tuple[Any, ...], kwargs: dict[str, Any] | None,
+def _warn_empty_inputs(args: tuple[Any, ...], kwargs: ExampleKwargs | None,
                        ctx: DiagnosticContext) -> None:
     """torch.export fixes a size-0 dimension of an example input: the model would take only
     empty tensors there. Legal, but rarely meant, so it is said."""

@@ -36,7 +36,7 @@ from torch.export.graph_signature import (
 )
 from torch.fx.traceback import NodeSource, NodeSourceAction
 
-from onnx_modular._compat import OpOverload, is_pure_aten_like, returns_alias
+from onnx_modular.leaves._compat import OpOverload, is_pure_aten_like, returns_alias
 
 _LIBRARY = "onnx_modular"
 

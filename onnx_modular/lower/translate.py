@@ -21,11 +21,11 @@ import onnx_ir as ir
 import torch
 from onnx_ir.passes.common import InlinePass
 
-from onnx_modular._compat import quiet_libraries, torch_onnx_export
 from onnx_modular.diagnostics import DiagnosticContext, Location
-from onnx_modular.errors import fail, rules
+from onnx_modular.leaves._compat import quiet_libraries, torch_onnx_export
+from onnx_modular.leaves.errors import fail, rules
+from onnx_modular.leaves.metadata import NO_MODULE, STACK_TRACE
 from onnx_modular.lower import repeats
-from onnx_modular.metadata import NO_MODULE, STACK_TRACE
 
 # torchlib's opset: below it torch.onnx converts the model down, dropping node metadata.
 MIN_HIERARCHICAL_OPSET = 18

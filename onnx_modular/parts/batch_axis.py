@@ -30,7 +30,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from onnx_modular.metadata import CLASS_HIERARCHY, META_PATH, META_TYPE, NAME_SCOPES
+from onnx_modular.leaves.metadata import CLASS_HIERARCHY, META_PATH, META_TYPE, NAME_SCOPES
 
 #: a size as a product: (integer factor, symbols), ``2*s28`` -> ``(2, ("s28",))``
 Mono = tuple[int, tuple[str, ...]]

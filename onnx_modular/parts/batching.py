@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from onnx_modular.emit.regions import RegionGraph
 from onnx_modular.parts.batch_axis import Batch, analyze
 from onnx_modular.parts.manifest import shape_of
 
@@ -56,7 +57,7 @@ def _first_dim(value: Any) -> str | int | None:
     return shape[0] if shape else None
 
 
-def plan_batching(model_graph: Any, parts: Sequence[Any], symbol: str | None = None
+def plan_batching(model_graph: ir.Graph, parts: Sequence[RegionGraph], symbol: str | None = None
                   ) -> BatchPlan:
     """The batch dimension every model input and output has first (``symbol``, or the first
     input's first), and the cut tensors without it that can be rewritten; or why the parts
@@ -104,7 +105,7 @@ def plan_batching(model_graph: Any, parts: Sequence[Any], symbol: str | None = N
     return plan
 
 
-def batch_symbol(model_graph: Any, batch_dim: str) -> str | None:
+def batch_symbol(model_graph: ir.Graph, batch_dim: str) -> str | None:
     """The model's symbolic dimension ``batch_dim`` names: itself where the model has a
     dimension of that name, else the first input's first dimension (torch.export renames
     ``Dim("batch")`` to ``s<N>``; naming the batch states it is axis 0)."""
@@ -117,7 +118,7 @@ def batch_symbol(model_graph: Any, batch_dim: str) -> str | None:
     return first if isinstance(first, str) else None
 
 
-def prove_batching(model_graph: Any, parts: Sequence[Any], plan: BatchPlan, *,
+def prove_batching(model_graph: ir.Graph, parts: Sequence[RegionGraph], plan: BatchPlan, *,
                    stated: bool = False) -> BatchPlan:
     """``plan`` where the model treats its batch dimension as a batch: no op mixes rows
     along it and every tensor crossing a cut carries it at axis 0. Ops the analysis cannot
@@ -146,7 +147,7 @@ def prove_batching(model_graph: Any, parts: Sequence[Any], plan: BatchPlan, *,
     return plan
 
 
-def plan_scalars(model_graph: Any, parts: Sequence[Any]) -> BatchPlan:
+def plan_scalars(model_graph: ir.Graph, parts: Sequence[RegionGraph]) -> BatchPlan:
     """Unbatched parts: the 0-d tensors crossing a cut (Triton takes no scalar tensor in a
     model without batching), passed as ``[1]`` and squeezed back by the reader."""
     ends = {v.name for v in [*model_graph.inputs, *model_graph.outputs]}
@@ -203,7 +204,7 @@ def _reads_inputs(name: str, producers: dict[str, Any], model_inputs: set[str]) 
 
 
 @contextlib.contextmanager
-def batched_parts(parts: Sequence[Any], plan: BatchPlan) -> Iterator[None]:
+def batched_parts(parts: Sequence[RegionGraph], plan: BatchPlan) -> Iterator[None]:
     """The parts rewritten as the plan says while inside, restored on the way out."""
     undo: list[Any] = []
     try:
@@ -215,90 +216,113 @@ def batched_parts(parts: Sequence[Any], plan: BatchPlan) -> Iterator[None]:
             step()
 
 
-def _rewrite(graph: ir.Graph, plan: BatchPlan, undo: list[Any]) -> None:
-    symbol = plan.symbol
-    inputs, outputs = list(graph.inputs), list(graph.outputs)
-    batched = next((v for v in inputs if _first_dim(v) == symbol), None)
-    first: list[ir.Node] = []  # read only graph inputs: go before every node
-    last: list[ir.Node] = []  # read the part's results: go after every node
+@dataclasses.dataclass
+class _Edits:
+    """What batching adds to one part: nodes before every node (they read only graph
+    inputs), nodes after every node (they read the part's results), and the values the
+    new nodes stand in for."""
 
-    def add(into: list[ir.Node], op: str, args: list[ir.Value], name: str,
+    first: list[ir.Node] = dataclasses.field(default_factory=list)
+    last: list[ir.Node] = dataclasses.field(default_factory=list)
+    replaced: list[tuple[ir.Value, ir.Value]] = dataclasses.field(default_factory=list)
+
+    def add(self, into: list[ir.Node], op: str, args: list[ir.Value], name: str,
             **attributes: Any) -> ir.Value:
         node = ir.node(op, args, attributes=attributes or None, outputs=[ir.Value(name=name)])
         into.append(node)
         return node.outputs[0]
 
-    def constant(into: list[ir.Node], name: str, array: np.ndarray) -> ir.Value:
-        return add(into, "Constant", [], name, value=ir.tensor(array))
+    def constant(self, into: list[ir.Node], name: str, array: np.ndarray) -> ir.Value:
+        return self.add(into, "Constant", [], name, value=ir.tensor(array))
 
-    new_inputs: list[ir.Value | None] = list(inputs)
-    new_outputs: list[ir.Value | None] = list(outputs)
-    replaced: list[tuple[ir.Value, ir.Value]] = []
-    for k, value in enumerate(inputs):
-        name = value.name or ""
-        if name in plan.scalars:
-            one = ir.Value(name=f"{name}__om_1", type=value.type, shape=ir.Shape([1]))
-            axes = constant(first, f"{name}__om_axes", np.array([0], dtype=np.int64))
-            replaced.append((value, add(first, "Squeeze", [one, axes], f"{name}__om_0d")))
-            new_inputs[k] = one
-        elif name in plan.batch_sizes:
-            assert batched is not None
-            size = add(first, "Shape", [batched], f"{name}__om_shape", start=0, end=1)
-            scalar = add(first, "Squeeze", [size], f"{name}__om_size")
-            if value.dtype is not None and value.dtype != ir.DataType.INT64:
-                scalar = add(first, "Cast", [scalar], f"{name}__om_cast", to=value.dtype)
-            replaced.append((value, scalar))
-            new_inputs[k] = None
-        elif name in plan.shared:
-            rows = ir.Value(name=f"{name}__om_rows", type=value.type,
-                            shape=ir.Shape([symbol, *(value.shape or [])]))
-            zero = constant(first, f"{name}__om_zero", np.array(0, dtype=np.int64))
-            row = add(first, "Gather", [rows, zero], f"{name}__om_row0", axis=0)
-            replaced.append((value, row))
-            new_inputs[k] = rows
-    for k, value in enumerate(outputs):
-        name = value.name or ""
-        if name in plan.scalars:
-            axes = constant(last, f"{name}__om_axes", np.array([0], dtype=np.int64))
-            one = add(last, "Unsqueeze", [value, axes], f"{name}__om_1")
-            one.dtype, one.shape = value.dtype, ir.Shape([1])
-            new_outputs[k] = one
-        elif name in plan.batch_sizes:
-            new_outputs[k] = None
-        elif name in plan.shared:
-            assert batched is not None
-            size = add(last, "Shape", [batched], f"{name}__om_batch", start=0, end=1)
-            dims = add(last, "Shape", [value], f"{name}__om_dims")
-            shape = add(last, "Concat", [size, dims], f"{name}__om_rowshape", axis=0)
-            axes = constant(last, f"{name}__om_axes", np.array([0], dtype=np.int64))
-            one = add(last, "Unsqueeze", [value, axes], f"{name}__om_one")
-            rows = add(last, "Expand", [one, shape], f"{name}__om_rows")
-            rows.dtype, rows.shape = value.dtype, ir.Shape([symbol, *(value.shape or [])])
-            new_outputs[k] = rows
-    if not first and not last and new_outputs == outputs:
+
+def _rewrite(graph: ir.Graph, plan: BatchPlan, undo: list[Any]) -> None:
+    inputs, outputs = list(graph.inputs), list(graph.outputs)
+    batched = next((v for v in inputs if _first_dim(v) == plan.symbol), None)
+    edits = _Edits()
+    new_inputs = [_batched_input(v, plan, batched, edits) for v in inputs]
+    new_outputs = [_batched_output(v, plan, batched, edits) for v in outputs]
+    if not edits.first and not edits.last and new_outputs == outputs:
         return
-    for old, new in replaced:
-        old.replace_all_uses_with(new)
-        new.dtype, new.shape = old.dtype, old.shape
-    if first:
-        head = next(iter(graph), None)
-        if head is None:
-            graph.extend(first)
-        else:
-            graph.insert_before(head, first)
-    graph.extend(last)
-    graph.inputs.clear()
-    graph.inputs.extend(v for v in new_inputs if v is not None)
-    graph.outputs.clear()
-    graph.outputs.extend(v for v in new_outputs if v is not None)
+    _apply(graph, edits, new_inputs, new_outputs)
 
     def restore() -> None:
         graph.outputs.clear()
         graph.outputs.extend(outputs)
         graph.inputs.clear()
         graph.inputs.extend(inputs)
-        for old, new in replaced:
+        for old, new in edits.replaced:
             new.replace_all_uses_with(old)
-        graph.remove([*first, *last], safe=False)
+        graph.remove([*edits.first, *edits.last], safe=False)
 
     undo.append(restore)
+
+
+def _batched_input(value: ir.Value, plan: BatchPlan, batched: ir.Value | None,
+                   edits: _Edits) -> ir.Value | None:
+    """The input a batched part takes instead of ``value`` (None: no input any more)."""
+    name, first = value.name or "", edits.first
+    if name in plan.scalars:
+        one = ir.Value(name=f"{name}__om_1", type=value.type, shape=ir.Shape([1]))
+        axes = edits.constant(first, f"{name}__om_axes", np.array([0], dtype=np.int64))
+        edits.replaced.append((value, edits.add(first, "Squeeze", [one, axes],
+                                                f"{name}__om_0d")))
+        return one
+    if name in plan.batch_sizes:
+        assert batched is not None
+        size = edits.add(first, "Shape", [batched], f"{name}__om_shape", start=0, end=1)
+        scalar = edits.add(first, "Squeeze", [size], f"{name}__om_size")
+        if value.dtype is not None and value.dtype != ir.DataType.INT64:
+            scalar = edits.add(first, "Cast", [scalar], f"{name}__om_cast", to=value.dtype)
+        edits.replaced.append((value, scalar))
+        return None
+    if name in plan.shared:
+        rows = ir.Value(name=f"{name}__om_rows", type=value.type,
+                        shape=ir.Shape([plan.symbol, *(value.shape or [])]))
+        zero = edits.constant(first, f"{name}__om_zero", np.array(0, dtype=np.int64))
+        edits.replaced.append((value, edits.add(first, "Gather", [rows, zero],
+                                                f"{name}__om_row0", axis=0)))
+        return rows
+    return value
+
+
+def _batched_output(value: ir.Value, plan: BatchPlan, batched: ir.Value | None,
+                    edits: _Edits) -> ir.Value | None:
+    """The output a batched part gives instead of ``value`` (None: no output any more)."""
+    name, last = value.name or "", edits.last
+    if name in plan.scalars:
+        axes = edits.constant(last, f"{name}__om_axes", np.array([0], dtype=np.int64))
+        one = edits.add(last, "Unsqueeze", [value, axes], f"{name}__om_1")
+        one.dtype, one.shape = value.dtype, ir.Shape([1])
+        return one
+    if name in plan.batch_sizes:
+        return None
+    if name in plan.shared:
+        assert batched is not None
+        size = edits.add(last, "Shape", [batched], f"{name}__om_batch", start=0, end=1)
+        dims = edits.add(last, "Shape", [value], f"{name}__om_dims")
+        shape = edits.add(last, "Concat", [size, dims], f"{name}__om_rowshape", axis=0)
+        axes = edits.constant(last, f"{name}__om_axes", np.array([0], dtype=np.int64))
+        one = edits.add(last, "Unsqueeze", [value, axes], f"{name}__om_one")
+        rows = edits.add(last, "Expand", [one, shape], f"{name}__om_rows")
+        rows.dtype, rows.shape = value.dtype, ir.Shape([plan.symbol, *(value.shape or [])])
+        return rows
+    return value
+
+
+def _apply(graph: ir.Graph, edits: _Edits, new_inputs: list[ir.Value | None],
+           new_outputs: list[ir.Value | None]) -> None:
+    for old, new in edits.replaced:
+        old.replace_all_uses_with(new)
+        new.dtype, new.shape = old.dtype, old.shape
+    if edits.first:
+        head = next(iter(graph), None)
+        if head is None:
+            graph.extend(edits.first)
+        else:
+            graph.insert_before(head, edits.first)
+    graph.extend(edits.last)
+    graph.inputs.clear()
+    graph.inputs.extend(v for v in new_inputs if v is not None)
+    graph.outputs.clear()
+    graph.outputs.extend(v for v in new_outputs if v is not None)

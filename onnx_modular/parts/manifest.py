@@ -23,26 +23,24 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import secrets
-import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import onnx_ir as ir
 
-from onnx_modular._io import (
+from onnx_modular.emit.regions import RegionGraph
+from onnx_modular.leaves._io import (
     TWO_GB,
     atomic_write_bytes,
     atomic_write_text,
-    clean_stale_temporaries,
     inside_folder,
-    pid_alive,
     save_model,
 )
-from onnx_modular.errors import fail
-from onnx_modular.metadata import PARTS_SET_ID
+from onnx_modular.leaves._io.folders import recover, staged_folder
+from onnx_modular.leaves.errors import fail
+from onnx_modular.leaves.metadata import PARTS_SET_ID
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "onnx_modular.parts"
@@ -81,14 +79,14 @@ def spec_dumps(spec: Any) -> str | None:
     if spec is None:
         return None
     try:
-        from onnx_modular._compat import treespec_dumps
+        from onnx_modular.leaves._compat import treespec_dumps
 
         return treespec_dumps(spec)
     except Exception:
         return None
 
 
-def build_manifest(model_graph: ir.Graph, parts: Sequence[Any], *, kind: str,
+def build_manifest(model_graph: ir.Graph, parts: Sequence[RegionGraph], *, kind: str,
                    in_spec: Any = None, out_spec: Any = None,
                    fx_nodes: Mapping[str, int] | None = None,
                    split_by: str | None = None) -> dict[str, Any]:
@@ -127,7 +125,7 @@ def build_manifest(model_graph: ir.Graph, parts: Sequence[Any], *, kind: str,
     return manifest
 
 
-def shared_parameters(parts: Sequence[Any]) -> dict[str, dict[str, Any]]:
+def shared_parameters(parts: Sequence[RegionGraph]) -> dict[str, dict[str, Any]]:
     """Weights read by more than one part (``RegionGraph.weights``): each holds a copy."""
     parts_of: dict[str, list[str]] = {}
     size: dict[str, int] = {}
@@ -146,38 +144,31 @@ def save_single(path: str | os.PathLike[str], model: ir.Model) -> Path:
     return target
 
 
-def save_parts(directory: str | os.PathLike[str], parts: Sequence[Any],
+def save_parts(directory: str | os.PathLike[str], parts: Sequence[RegionGraph],
                manifest: dict[str, Any]) -> Path:
     """Write every part, then the manifest, as one set: a reader sees the old directory or
     the new one, never a mix, whatever fails or is killed on the way.
 
-    The set is written into a sibling temporary directory and swapped in with two renames
-    (the old set stays beside it until the new one is in place, and a save killed between
-    the renames is undone by the next one). Parts above 2 GB get external data. The
-    manifest and every part record one ``set_id``: a runner that meets two ids refuses.
+    The set is written into a sibling temporary directory and swapped in
+    (:func:`~onnx_modular.leaves._io.folders.staged_folder`: the old set stays beside it until the
+    new one is in place, and a save killed on the way is undone by the next save or load).
+    Parts above 2 GB get external data. The manifest and every part record one ``set_id``:
+    a runner that meets two ids refuses.
     """
     out = check_parts_directory(directory)
-    parent = out.parent
-    restore_interrupted_swap(out)
-    clean_stale_temporaries(parent, out.name)
+    existed = out.exists()
     set_id = secrets.token_hex(8)
-    staging = parent / f".{out.name}.om{os.getpid()}-{secrets.token_hex(4)}.tmp"
     try:
-        staging.mkdir()
-        for part in parts:
-            part.model.metadata_props[PARTS_SET_ID] = set_id
-            save_model(part.model, staging / f"{part.name}.onnx",
-                       external_data_threshold=EXTERNAL_DATA_ABOVE)
-        atomic_write_text(staging / MANIFEST, json.dumps({**manifest, "set_id": set_id},
-                                                         indent=2))
-        swap_in(staging, out)
+        with staged_folder(out) as staging:
+            for part in parts:
+                part.model.metadata_props[PARTS_SET_ID] = set_id
+                save_model(part.model, staging / f"{part.name}.onnx",
+                           external_data_threshold=EXTERNAL_DATA_ABOVE)
+            atomic_write_text(staging / MANIFEST, json.dumps({**manifest, "set_id": set_id},
+                                                             indent=2))
     except OSError as e:
         raise fail(f"cannot write parts to '{out}': {e.strerror or e}"
-                   + ("; nothing was changed" if out.exists() or not staging.exists()
-                      else "")) from e
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+                   + ("; nothing was changed" if out.exists() == existed else "")) from e
     return out
 
 
@@ -205,40 +196,11 @@ def check_parts_directory(directory: str | os.PathLike[str]) -> Path:
     return out
 
 
-def swap_in(staging: Path, out: Path) -> None:
-    """The folder ``staging`` in place of ``out`` with two renames (the old one removed
-    after); a rename that fails puts the old folder back."""
-    if not out.exists():
-        os.rename(staging, out)
-        return
-    old = out.parent / f".{out.name}.om{os.getpid()}-old{secrets.token_hex(3)}.tmp"
-    os.rename(out, old)
-    try:
-        os.rename(staging, out)
-    except BaseException:
-        os.rename(old, out)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def restore_interrupted_swap(out: Path) -> None:
-    """A save killed between its two renames left the old set hidden beside ``out``."""
-    if out.exists():
-        return
-    parent = out.parent if str(out.parent) else Path(".")
-    pattern = re.compile(rf"^\.{re.escape(out.name)}\.om(\d+)-old[0-9a-f]+\.tmp$")
-    for entry in sorted(parent.iterdir()) if parent.is_dir() else []:
-        match = pattern.match(entry.name)
-        if match and entry.is_dir() and not pid_alive(int(match[1])):
-            os.rename(entry, out)
-            return
-
-
 def load_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and check ``manifest.json`` of a parts directory: every field the runner uses
     has the right form, and every file is a plain name inside the directory."""
     folder = Path(directory)
-    restore_interrupted_swap(folder)
+    recover(folder)
     path = folder / MANIFEST
     if not path.is_file():
         raise fail(f"'{directory}' holds no {MANIFEST}; write it with .save(directory)")

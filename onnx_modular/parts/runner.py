@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from onnx_modular import _compat, runtime
-from onnx_modular.errors import fail, rules
-from onnx_modular.metadata import PARTS_SET_ID
+from onnx_modular.leaves import _compat, runtime
+from onnx_modular.leaves.errors import fail, rules
+from onnx_modular.leaves.metadata import PARTS_SET_ID
 from onnx_modular.parts.manifest import inside_directory, load_manifest
 
 
@@ -153,11 +153,15 @@ class SplitRunner:
             flat = [torch.from_numpy(x if x.flags.c_contiguous else np.ascontiguousarray(x))
                     for x in flat]
         spec = self._spec("out_spec")
-        if spec is not None:
-            try:
-                return _compat.tree_unflatten(flat, spec)
-            except Exception:  # outputs the spec does not fit: the flat outputs
-                pass
+        if not flat or (spec is not None and spec.num_leaves < len(flat)):
+            # a manifest changed by hand: never answer with no outputs, or with more than
+            # the model has (fewer is a model returning None beside its tensors)
+            raise fail(f"'{self.directory / 'manifest.json'}' lists {len(flat)} model "
+                       "output(s)" + ("" if spec is None else
+                                      f", its output structure holds {spec.num_leaves}")
+                       + "; save the parts again", rules.VALIDATION)
+        if spec is not None and spec.num_leaves == len(flat):
+            return _compat.tree_unflatten(flat, spec)
         return flat[0] if len(flat) == 1 else tuple(flat)
 
     def run(self, *args: Any, **kwargs: Any) -> Any:

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from onnx_modular import runtime
-from onnx_modular.errors import fail, rules
+from onnx_modular.leaves import runtime
+from onnx_modular.leaves.errors import fail, rules
 from onnx_modular.parts.manifest import MANIFEST, load_manifest
 from onnx_modular.parts.triton import (
     SET_ID_KEY,

@@ -20,9 +20,9 @@ from collections.abc import Sequence
 import torch
 import torch.fx
 
-from onnx_modular._util import format_bytes
 from onnx_modular.diagnostics import DiagnosticContext, Location
-from onnx_modular.errors import fail, rules
+from onnx_modular.leaves._util import format_bytes
+from onnx_modular.leaves.errors import fail, rules
 from onnx_modular.passes.stages import _compute_nodes, _paths_of
 
 _INDEXED = re.compile(r"^(?P<list>.+)\.(?P<index>\d+)$")

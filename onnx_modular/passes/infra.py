@@ -23,9 +23,10 @@ from typing import TypeVar
 
 import torch.fx
 
-from onnx_modular._util import gc_paused
 from onnx_modular.diagnostics import DiagnosticContext, Level, OnnxModularError
-from onnx_modular.errors import fail, rules
+from onnx_modular.leaves._log import timed
+from onnx_modular.leaves._util import gc_paused
+from onnx_modular.leaves.errors import fail, rules
 
 
 class PassConditionError(Exception):
@@ -70,7 +71,9 @@ class PassBase(abc.ABC):
                 ctx.log(rules.GRAPH_SNAPSHOT, Level.NOTE, detail=str(graph_module.graph),
                         when="before", pass_name=self.name)
             try:
-                result = self.call(graph_module, ctx)
+                with timed(f"pass {self.name}") as log:
+                    result = self.call(graph_module, ctx)
+                    log["modified"] = result.modified
             except (OnnxModularError, PassConditionError):
                 raise
             except Exception as e:  # an internal failure still gets a rule and a pass name

@@ -31,7 +31,8 @@ from typing import Any
 import torch
 import torch.fx
 
-from onnx_modular._compat import (
+from onnx_modular.diagnostics import DiagnosticContext, Location
+from onnx_modular.leaves._compat import (
     codegen_of,
     generate_code,
     is_persistent_buffer,
@@ -42,10 +43,9 @@ from onnx_modular._compat import (
     set_member,
     sort_members,
 )
-from onnx_modular._util import class_identifier, common_prefix
-from onnx_modular.diagnostics import DiagnosticContext, Location
-from onnx_modular.errors import fail, rules
-from onnx_modular.metadata import FX_CALL, FX_NAME, NO_MODULE, CallInfo
+from onnx_modular.leaves._util import class_identifier, common_prefix
+from onnx_modular.leaves.errors import fail, rules
+from onnx_modular.leaves.metadata import FX_CALL, FX_NAME, NO_MODULE, CallInfo
 from onnx_modular.passes.infra import PassBase, PassConditionError, PassResult
 
 #: A module call in a node's chain: (call_id, module_path, module_type).

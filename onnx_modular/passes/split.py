@@ -34,16 +34,17 @@ import torch
 import torch.fx
 from torch.fx.experimental.symbolic_shapes import optimization_hint
 
-from onnx_modular._compat import codegen_of, lazy_graph_module, returns_nothing, set_codegen
 from onnx_modular.diagnostics import DiagnosticContext, Location
-from onnx_modular.errors import fail, rules
-from onnx_modular.metadata import FX_SPLIT_PLAN
+from onnx_modular.leaves._compat import codegen_of, lazy_graph_module, returns_nothing, set_codegen
+from onnx_modular.leaves.errors import fail, rules
+from onnx_modular.leaves.metadata import FX_SPLIT_PLAN
 from onnx_modular.passes.infra import PassBase, PassConditionError, PassManager, PassResult
 from onnx_modular.support.matching import entry_findings
 from onnx_modular.support.operator_support import (
     CALLABLE_OPS,
     OperatorSupport,
     SupportContext,
+    SupportSpec,
     node_op_name,
     resolve_support,
 )
@@ -227,6 +228,21 @@ def _strong_components(adjacency: list[list[int]]) -> list[list[int]]:
     return result
 
 
+def _non_tensor_links(callables: list[torch.fx.Node], position: dict[torch.fx.Node, int]
+                      ) -> tuple[_UnionFind, set[torch.fx.Node]]:
+    """Each node that makes a non-tensor value joined with its users among ``callables``,
+    and the nodes so joined."""
+    uf = _UnionFind()
+    grouped: set[torch.fx.Node] = set()
+    for n in callables:
+        if not is_tensor_node(n):
+            for u in n.users:
+                if u in position:
+                    uf.union(n, u)
+                    grouped.update((n, u))
+    return uf, grouped
+
+
 def _fusion_groups(callables: list[torch.fx.Node], index: dict[torch.fx.Node, int],
                    acc: set[torch.fx.Node]) -> list[list[torch.fx.Node]]:
     """Groups of nodes linked by non-tensor values, closed under paths between members.
@@ -239,15 +255,8 @@ def _fusion_groups(callables: list[torch.fx.Node], index: dict[torch.fx.Node, in
     it crosses joins whole, then the closure is taken again. Two groups that feed each other
     also end up in one strongly connected component and merge (splitter_base deadlocks there:
     "Subgraph can't be empty")."""
-    uf = _UnionFind()
     position = {n: i for i, n in enumerate(callables)}
-    grouped: set[torch.fx.Node] = set()
-    for n in callables:
-        if not is_tensor_node(n):
-            for u in n.users:
-                if u in position:
-                    uf.union(n, u)
-                    grouped.update((n, u))
+    uf, grouped = _non_tensor_links(callables, position)
     members: dict[torch.fx.Node, set[torch.fx.Node]] = {}
     for n in grouped:
         members.setdefault(uf.find(n), set()).add(n)
@@ -352,10 +361,34 @@ def _merge_small_acc(regions: list[tuple[bool, list[torch.fx.Node]]], min_size: 
     return result
 
 
+@dataclasses.dataclass(frozen=True)
+class SplitLimits:
+    """How the acc/CPU split may cut, as ``om.split`` was asked (splitter_base's options):
+    acc regions of fewer than ``min_acc_module_size`` nodes go to the CPU, more than
+    ``max_acc_splits`` regions (acc and CPU; -1: no cap) is an error, non-tensor values
+    may cross a region boundary only with ``allow_non_tensor``, and ``skip_fusion`` keeps
+    the fusion groups from pulling nodes into one region."""
+
+    min_acc_module_size: int = 1
+    max_acc_splits: int = -1
+    allow_non_tensor: bool = False
+    skip_fusion: bool = False
+
+    @classmethod
+    def checked(cls, min_acc_module_size: int = 1, max_acc_splits: int = -1,
+                allow_non_tensor: bool = False, skip_fusion: bool = False) -> SplitLimits:
+        """The limits, once :func:`check_limits` has accepted them (one line, before any
+        work)."""
+        check_limits(min_acc_module_size, max_acc_splits)
+        return cls(min_acc_module_size, max_acc_splits, allow_non_tensor, skip_fusion)
+
+
 def plan_split(graph_module: torch.fx.GraphModule, support: OperatorSupport, *,
-               context: SupportContext | None = None, min_acc_module_size: int = 1,
-               allow_non_tensor: bool = False, skip_fusion: bool = False) -> SplitPlan:
+               context: SupportContext | None = None,
+               limits: SplitLimits = SplitLimits()) -> SplitPlan:
     """Decide the regions of ``graph_module`` (no graph is changed)."""
+    min_acc_module_size = limits.min_acc_module_size
+    allow_non_tensor, skip_fusion = limits.allow_non_tensor, limits.skip_fusion
     nodes = list(graph_module.graph.nodes)
     index = {n: i for i, n in enumerate(nodes)}
     callables = [n for n in nodes if n.op in CALLABLE_OPS and not is_guard(n)]
@@ -506,7 +539,7 @@ class SplitPassResult(PassResult):
     plan: SplitPlan | None = None
 
 
-def check_limits(min_acc_module_size: Any, max_acc_splits: Any) -> None:
+def check_limits(min_acc_module_size: object, max_acc_splits: object) -> None:
     """One line before any work for limits that would otherwise pass silently: a negative
     minimum size means no minimum, and ``max_acc_splits`` below 1 other than -1 (no
     limit) would disable the cap the caller asked for."""
@@ -590,15 +623,11 @@ class PlanRegions(PlanPass):
 
     flat_hint = "; split the program before modularizing it"
 
-    def __init__(self, support: Any, *, context: SupportContext | None = None,
-                 min_acc_module_size: int = 1, max_acc_splits: int = -1,
-                 allow_non_tensor: bool = False, skip_fusion: bool = False) -> None:
+    def __init__(self, support: SupportSpec, *, context: SupportContext | None = None,
+                 limits: SplitLimits = SplitLimits()) -> None:
         self.support = resolve_support(support)
         self.context = context
-        self.min_acc_module_size = min_acc_module_size
-        self.max_acc_splits = max_acc_splits
-        self.allow_non_tensor = allow_non_tensor
-        self.skip_fusion = skip_fusion
+        self.limits = limits
 
     @property
     def name(self) -> str:
@@ -606,24 +635,23 @@ class PlanRegions(PlanPass):
         return "SplitPass"
 
     def requires(self, graph_module: torch.fx.GraphModule) -> None:
-        for name, value in (("min_acc_module_size", self.min_acc_module_size),
-                            ("max_acc_splits", self.max_acc_splits)):
+        for name, value in (("min_acc_module_size", self.limits.min_acc_module_size),
+                            ("max_acc_splits", self.limits.max_acc_splits)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise PassConditionError(f"{name} must be an int, got {value!r}")
         super().requires(graph_module)
 
     def plan(self, graph_module: torch.fx.GraphModule, ctx: DiagnosticContext) -> SplitPlan:
-        plan = plan_split(graph_module, self.support, context=self.context,
-                          min_acc_module_size=self.min_acc_module_size,
-                          allow_non_tensor=self.allow_non_tensor, skip_fusion=self.skip_fusion)
+        plan = plan_split(graph_module, self.support, context=self.context, limits=self.limits)
         report_plan(plan, ctx, graph_module)
         self._check_entries(graph_module, plan, ctx)
         n_acc = sum(r.is_acc for r in plan.regions)
-        if 0 < self.max_acc_splits < len(plan.regions):
+        max_acc_splits = self.limits.max_acc_splits
+        if 0 < max_acc_splits < len(plan.regions):
             raise fail(rule=rules.SPLIT_LIMIT, reason=(
                 f"the split needs {len(plan.regions)} regions ({n_acc} acc, "
                 f"{len(plan.regions) - n_acc} cpu), more than max_acc_splits="
-                f"{self.max_acc_splits}; allow more splits, support more ops, or raise "
+                f"{max_acc_splits}; allow more splits, support more ops, or raise "
                 "min_acc_module_size to merge small acc regions into CPU"))
         return plan
 
@@ -694,13 +722,9 @@ class Partition:
 class SplitPass(Partition):
     """Acc/CPU regions: :class:`PlanRegions` (same arguments), then :class:`CutRegions`."""
 
-    def __init__(self, support: Any, *, context: SupportContext | None = None,
-                 min_acc_module_size: int = 1, max_acc_splits: int = -1,
-                 allow_non_tensor: bool = False, skip_fusion: bool = False) -> None:
-        super().__init__(PlanRegions(
-            support, context=context, min_acc_module_size=min_acc_module_size,
-            max_acc_splits=max_acc_splits, allow_non_tensor=allow_non_tensor,
-            skip_fusion=skip_fusion))
+    def __init__(self, support: SupportSpec, *, context: SupportContext | None = None,
+                 limits: SplitLimits = SplitLimits()) -> None:
+        super().__init__(PlanRegions(support, context=context, limits=limits))
 
 
 def report_plan(plan: SplitPlan, ctx: DiagnosticContext,

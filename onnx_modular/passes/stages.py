@@ -22,7 +22,7 @@ import torch
 import torch.fx
 
 from onnx_modular.diagnostics import DiagnosticContext, Location
-from onnx_modular.errors import fail, rules
+from onnx_modular.leaves.errors import fail, rules
 from onnx_modular.lower.markers import is_marker
 from onnx_modular.passes.infra import PassConditionError
 from onnx_modular.passes.split import (

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 import torch
 import torch.fx
 
-from onnx_modular._compat import torchlib_onnx_ops
+from onnx_modular.leaves._compat import torchlib_onnx_ops
 from onnx_modular.support.onnx_index import SupportContext
 from onnx_modular.support.operator_support import (
     OnnxOp,

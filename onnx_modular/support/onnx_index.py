@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from onnx_modular.metadata import fx_name
+from onnx_modular.leaves.metadata import fx_name
 
 
 @dataclasses.dataclass(frozen=True)

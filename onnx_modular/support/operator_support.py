@@ -18,13 +18,14 @@ import operator
 import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TypeAlias
 
 import torch
 import torch.fx
+from torch.fx.passes.operator_support import OperatorSupportBase
 
-from onnx_modular._compat import OpOverload, OpOverloadPacket, qualified_name
-from onnx_modular.errors import fail
+from onnx_modular.leaves._compat import OpOverload, OpOverloadPacket, qualified_name
+from onnx_modular.leaves.errors import fail
 from onnx_modular.support.onnx_index import SupportContext
 from onnx_modular.support.ort_kernels import ort_kernel_registry
 
@@ -224,7 +225,7 @@ class OperatorSupport:
     emits a Softmax off the accelerator.
     """
 
-    def __init__(self, spec: Any = None, *, allow: Iterable[str] | None = None,
+    def __init__(self, spec: SupportSpec | None = None, *, allow: Iterable[str] | None = None,
                  deny: Iterable[str] | None = None) -> None:
         """``spec``: any form :func:`resolve_support` takes; ``allow`` / ``deny``: op names.
 
@@ -360,7 +361,7 @@ class OperatorSupport:
         return self.is_node_supported(node, context)
 
     # combination
-    def __and__(self, other: Any) -> OperatorSupport:
+    def __and__(self, other: SupportSpec) -> OperatorSupport:
         o = resolve_support(other)
 
         def decide(n: torch.fx.Node, c: SupportContext) -> tuple[bool, str]:
@@ -371,7 +372,7 @@ class OperatorSupport:
                                      self.needs_onnx or o.needs_onnx,
                                      self.entries + o.entries)
 
-    def __or__(self, other: Any) -> OperatorSupport:
+    def __or__(self, other: SupportSpec) -> OperatorSupport:
         o = resolve_support(other)
 
         def decide(n: torch.fx.Node, c: SupportContext) -> tuple[bool, str]:
@@ -398,7 +399,13 @@ class OperatorSupport:
         return f"OperatorSupport({self.description})"
 
 
-def resolve_support(spec: Any) -> OperatorSupport:
+#: what an accelerator runs: an OperatorSupport, ``fx.Node -> bool``, op names (an allow
+#: list), ``{"allow": [...], "deny": [...]}`` or ``"ort:<ExecutionProvider>"``
+SupportSpec: TypeAlias = (OperatorSupport | Callable[[torch.fx.Node], bool] | Iterable[str]
+                          | Mapping[str, Iterable[str]] | str)
+
+
+def resolve_support(spec: SupportSpec) -> OperatorSupport:
     """Any accepted form -> :class:`OperatorSupport`.
 
     Accepted: an ``OperatorSupport``; ``"ort:<ExecutionProvider>"``; a callable
@@ -432,7 +439,7 @@ def resolve_support(spec: Any) -> OperatorSupport:
                 f"iterable of op names or 'ort:<ExecutionProvider>', got {type(spec).__name__}")
 
 
-def _from_torch_support(base: Any) -> OperatorSupport:
+def _from_torch_support(base: OperatorSupportBase) -> OperatorSupport:
     modules: dict[int, dict[str, torch.nn.Module]] = {}
 
     def decide(node: torch.fx.Node, _ctx: SupportContext) -> tuple[bool, str]:

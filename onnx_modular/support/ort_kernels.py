@@ -11,9 +11,9 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-from onnx_modular._compat import ort_kernel_defs
-from onnx_modular.errors import fail
-from onnx_modular.runtime import provider_name
+from onnx_modular.leaves._compat import ort_kernel_defs
+from onnx_modular.leaves.errors import fail
+from onnx_modular.leaves.runtime import provider_name
 
 
 def _domain_key(domain: str) -> str:

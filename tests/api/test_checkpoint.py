@@ -156,10 +156,11 @@ def test_validate_runs_torch_on_the_mapped_checkpoint(tmp_path: Path) -> None:
     other, _ = tied_llama()
     with torch.no_grad():
         other.model.model.layers[1].mlp.down_proj.weight.mul_(1.5)
-    report = om.validate(meta, args, tmp_path / "m.onnx", providers="cpu",
-                         weights=dict(other.state_dict()))
-    assert not report.ok and report.first_mismatch == "model.model.layers.1.mlp.down_proj"
-    extraction = report.extract(tmp_path / "repro")
+    with om.Validation(meta, args, tmp_path / "m.onnx", providers="cpu",
+                       weights=dict(other.state_dict())) as validation:
+        report = validation.run()
+        assert not report.ok and report.first_mismatch == "model.model.layers.1.mlp.down_proj"
+        extraction = validation.extract(tmp_path / "repro")
     assert extraction.call_id.startswith("model.model.layers.1")
 
 

@@ -301,6 +301,7 @@ def test_save_to_unwritable_place_leaves_nothing(tmp_path) -> None:
         os.chmod(locked, 0o700)
 
 
+@pytest.mark.slow  # over the inner loop's CPU budget per test (tests/conftest.py)
 def test_untranslatable_op_is_a_clear_error() -> None:
     lib = torch.library.Library("om_test_export", "FRAGMENT")
     lib.define("mystery(Tensor x) -> Tensor")

@@ -17,7 +17,7 @@ from torch import nn
 
 import onnx_modular as om
 from onnx_modular.emit import outline
-from onnx_modular.emit.outline import operator_names
+from onnx_modular.emit.functions import operator_names
 
 pytestmark = pytest.mark.slow  # whole models: the full suite, not the inner loop
 
@@ -285,15 +285,16 @@ def test_bodies_differing_in_scalars_share_one_function_with_attributes(
     ops = collections.Counter(n.op_type for n in inlined.graph.node if n.op_type != "Constant")
     assert ops == collections.Counter(n.op_type for n in flat.graph.node)
     assert (ort_outputs(proto, args)[0] == ort_outputs(flat, args)[0]).all()
-    report = om.validate(model, args, proto, providers="cpu", localize=True)
-    assert report.ok
-    # a parametrized call cut out alone takes its own values (layers.2: alpha 0.5, not the
-    # default 1.0), its children's references included
-    for call in ("layers.2", "layers.1.act", "acts.4"):
-        extraction = report.extract(tmp_path / call, call=call)
-        assert extraction.alone.ok, call
-        module = onnx.load(tmp_path / call / "module.onnx")
-        assert not [a for n in module.graph.node for a in n.attribute if a.ref_attr_name]
+    with om.Validation(model, args, proto, providers="cpu", localize=True) as validation:
+        report = validation.run()
+        assert report.ok
+        # a parametrized call cut out alone takes its own values (layers.2: alpha 0.5, not
+        # the default 1.0), its children's references included
+        for call in ("layers.2", "layers.1.act", "acts.4"):
+            extraction = validation.extract(tmp_path / call, call=call)
+            assert extraction.alone.ok, call
+            module = onnx.load(tmp_path / call / "module.onnx")
+            assert not [a for n in module.graph.node for a in n.attribute if a.ref_attr_name]
     # invariant 6: byte-identical
     om.export(model, args).save(tmp_path / "a.onnx")
     om.export(model, args).save(tmp_path / "b.onnx")

@@ -21,7 +21,7 @@ import torch
 from torch._guards import detect_fake_mode
 
 import onnx_modular as om
-from onnx_modular._compat import tensor_version
+from onnx_modular.leaves._compat import tensor_version
 
 pytestmark = pytest.mark.slow  # whole models: the full suite, not the inner loop
 

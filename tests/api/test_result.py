@@ -1,11 +1,13 @@
 """Split and stage results: one frozen record whose work is done by emit/, parts/ and the
-renderer; regions are emitted once, on first use."""
+renderer; the parts are emitted by the split, before it returns, and only read after."""
 
 from __future__ import annotations
 
 import dataclasses
 import io
 import json
+from collections.abc import Callable
+from pathlib import Path
 
 import models
 import pytest
@@ -13,7 +15,7 @@ from rich.console import Console
 
 import onnx_modular as om
 from onnx_modular.emit.regions import AccLimits, check_acc_model, op_types_in
-from onnx_modular.errors import rules
+from onnx_modular.leaves.errors import rules
 
 
 @pytest.fixture(scope="module")
@@ -84,3 +86,40 @@ def test_an_acc_model_holding_a_forbidden_op_is_refused(regions: om.SplitResult)
     with pytest.raises(om.OnnxModularError, match=rules.DENIED_ON_ACC.id) as error:
         check_acc_model(acc, AccLimits(frozenset({held})))
     assert f"holds {held[1]}" in str(error.value) and "bug" in str(error.value)
+
+
+def _uses(result: om.SplitResult, out: Path) -> list[Callable[[], object]]:
+    """Every method of a result that reads its parts, as calls."""
+    out.mkdir()
+    return [lambda: result.save(out / "parts"), result.manifest,
+            lambda: result.preview(Console(file=io.StringIO())), result.region_protos,
+            result.single_model, lambda: result.save_single(out / "one.onnx"),
+            result.parameters_of, result.shared_parameters, result.region_graphs]
+
+
+@pytest.mark.parametrize("how", ["split", "split_stages", "split_by"])
+def test_every_emission_diagnostic_is_there_when_the_split_returns(tmp_path: Path,
+                                                                  how: str) -> None:
+    """Each part's emission reports under the part's name before the entry point returns;
+    no method adds one, whichever runs first."""
+    model, args = models.Stack(2).eval(), models.x8()
+    make: dict[str, Callable[[], om.SplitResult]] = {
+        "split": lambda: om.split(model, args, support=["aten.relu"]),
+        "split_stages": lambda: om.split_stages(model, args,
+                                                split_points={"layers.1": "beginning"}),
+        "split_by": lambda: om.split_by(model, lambda n: int("layers.1" in str(
+            n.meta.get("nn_module_stack", {}))), args),
+    }
+    first, second = make[how](), make[how]()
+    assert len(first.regions) > 1
+    emitted = {d.scope for d in first.diagnostics}
+    assert {r.name for r in first.regions} <= emitted  # each part's emission, already
+    count = len(first.diagnostics)
+    assert len(second.diagnostics) == count
+    for n, use in enumerate(_uses(first, tmp_path / "a")):
+        use()
+        assert len(first.diagnostics) == count, n
+    for n, use in enumerate(reversed(_uses(second, tmp_path / "b"))):
+        use()
+        assert len(second.diagnostics) == count, n
+    assert [d.message for d in first.diagnostics] == [d.message for d in second.diagnostics]

@@ -14,7 +14,7 @@ import torch
 
 import onnx_modular as om
 from onnx_modular.api import spine
-from onnx_modular.errors import rules
+from onnx_modular.leaves.errors import rules
 from onnx_modular.lower import translate
 from onnx_modular.lower.markers import is_marker
 from onnx_modular.lower.translate import quiet_torch_onnx
@@ -87,7 +87,7 @@ def test_a_flat_unoptimized_export_is_not_modularized(calls: Counter[str]) -> No
 @pytest.mark.slow
 def test_lowered_holds_the_translation_and_each_nodes_module_calls() -> None:
     model = models.Marked().eval()
-    lowered = spine.lower(model, models.x8())
+    lowered = spine.lower(spine.Subject(model, models.x8()))
     assert not any(is_marker(n) for n in lowered.program.graph.nodes)  # markers dropped
     assert lowered.graph_module is not None
     paths = {call.module_path for chain in lowered.chains.values() for call in chain}
@@ -95,7 +95,7 @@ def test_lowered_holds_the_translation_and_each_nodes_module_calls() -> None:
     assert lowered.weights == set(model.state_dict())  # the unused module's too
     with pytest.raises(dataclasses.FrozenInstanceError):
         lowered.chains = {}  # type: ignore[misc]
-    cheap = spine.lower(lowered.program, with_calls=False)
+    cheap = spine.lower(spine.Subject(lowered.program), with_calls=False)
     assert cheap.graph_module is None and cheap.chains == {}
 
 

@@ -18,9 +18,9 @@ import onnx_modular as om
 from onnx_modular import DiagnosticContext, OperatorSupport
 from onnx_modular.api.split import print_preview
 from onnx_modular.emit.regions import region_chains
-from onnx_modular.errors import rules
-from onnx_modular.metadata import fx_name
-from onnx_modular.passes.split import SplitPass, plan_split
+from onnx_modular.leaves.errors import rules
+from onnx_modular.leaves.metadata import fx_name
+from onnx_modular.passes.split import SplitLimits, SplitPass, plan_split
 from onnx_modular.support.operator_support import node_op_names
 
 # ---- helpers ---------------------------------------------------------------------------------
@@ -127,11 +127,12 @@ def test_min_acc_module_size_merges_small_acc_regions_into_cpu():
     assert [(r.kind, len(r.node_names)) for r in plan.regions] == \
         [("acc", 2), ("cpu", 1)] * 3
     # acc regions of 2 nodes are below 3: everything folds into one CPU region
-    merged = plan_split(gm, deny_sin, min_acc_module_size=3)
+    merged = plan_split(gm, deny_sin, limits=SplitLimits(min_acc_module_size=3))
     assert [(r.kind, len(r.node_names)) for r in merged.regions] == [("cpu", 9)]
     assert merged.regions_before_merge == (3, 3)
     assert merged.regions[0].name == "_run_on_cpu_0"
-    assert plan_split(gm, deny_sin, min_acc_module_size=2).regions == plan.regions
+    assert plan_split(gm, deny_sin, limits=SplitLimits(min_acc_module_size=2)).regions == \
+        plan.regions
 
 
 def test_max_acc_splits_counts_regions_like_splitter_base():
@@ -140,10 +141,10 @@ def test_max_acc_splits_counts_regions_like_splitter_base():
     ctx = DiagnosticContext()
     with pytest.raises(om.OnnxModularError, match=r"needs 4 regions \(2 acc, 2 cpu\), more "
                        r"than max_acc_splits=3"):
-        SplitPass(support, max_acc_splits=3)(gm, ctx)
+        SplitPass(support, limits=SplitLimits(max_acc_splits=3))(gm, ctx)
     assert ctx.diagnostics[-1].rule == rules.SPLIT_LIMIT
     for limit in (4, 10, 0, -1):
-        result = SplitPass(support, max_acc_splits=limit)(gm)
+        result = SplitPass(support, limits=SplitLimits(max_acc_splits=limit))(gm)
         assert len(result.plan.regions) == 4
 
 
@@ -162,12 +163,13 @@ def _getitem_on_cpu(node: torch.fx.Node) -> bool:
 def test_non_tensor_outputs_to_cpu_fall_back_unless_allowed():
     gm = flat_graph(TupleOut(), torch.randn(2, 4))
     support = OperatorSupport.from_callable(_getitem_on_cpu)  # the index getitem is CPU
-    plan = plan_split(gm, support, skip_fusion=True)
+    plan = plan_split(gm, support, limits=SplitLimits(skip_fusion=True))
     owner = plan.region_of()
     assert owner["max_1"] == owner["getitem_1"] and not plan.regions[
         [r.name for r in plan.regions].index(owner["max_1"])].is_acc
     assert "max_1" in plan.fallback_nodes
-    allowed = plan_split(gm, support, skip_fusion=True, allow_non_tensor=True)
+    allowed = plan_split(gm, support,
+                         limits=SplitLimits(skip_fusion=True, allow_non_tensor=True))
     acc = {n for r in allowed.regions if r.is_acc for n in r.node_names}
     assert "max_1" in acc and "getitem_1" not in acc
 
@@ -175,11 +177,12 @@ def test_non_tensor_outputs_to_cpu_fall_back_unless_allowed():
 def test_fusion_groups_keep_non_tensor_flow_in_one_region():
     gm = flat_graph(TupleOut(), torch.randn(2, 4))
     support = OperatorSupport.from_callable(_getitem_on_cpu)
-    fused = plan_split(gm, support, allow_non_tensor=True)
+    fused = plan_split(gm, support, limits=SplitLimits(allow_non_tensor=True))
     owner = fused.region_of()
     assert owner["max_1"] == owner["getitem"] == owner["getitem_1"]
     assert fused.fallback_nodes["max_1"].startswith("fusion group")
-    split = plan_split(gm, support, allow_non_tensor=True, skip_fusion=True)
+    split = plan_split(gm, support,
+                       limits=SplitLimits(allow_non_tensor=True, skip_fusion=True))
     assert split.region_of()["max_1"] != split.region_of()["getitem_1"]
 
 
@@ -217,7 +220,8 @@ def test_many_alternating_regions():
 def test_bad_arguments_are_clear():
     gm = flat_graph(Diamond(), torch.randn(4))
     with pytest.raises(om.OnnxModularError, match="min_acc_module_size must be an int"):
-        SplitPass(OperatorSupport.everything(), min_acc_module_size="2")(gm)
+        SplitPass(OperatorSupport.everything(),
+                  limits=SplitLimits(min_acc_module_size="2"))(gm)
 
 
 # ---- end to end: ONNX region models, manifest, runner ----------------------------------------

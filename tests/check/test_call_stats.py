@@ -14,7 +14,7 @@ from onnx_modular.check.call_stats import (
     abs_error_histogram,
     find_stack,
 )
-from onnx_modular.metadata import CallInfo
+from onnx_modular.leaves.metadata import CallInfo
 
 BUCKETS = len(HIST_EDGES) + 1
 

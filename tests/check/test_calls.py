@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from onnx_modular.check.calls import CallRecord
-from onnx_modular.metadata import CallInfo
+from onnx_modular.leaves.metadata import CallInfo
 
 
 def test_a_record_reads_its_identity_from_its_call_info() -> None:

@@ -188,7 +188,7 @@ def test_topology_hash_folds_constants_and_identities():
 def test_large_models_are_compared_without_prepacked_weights(twins, monkeypatch, prepacked):
     """Above LARGE_MODEL_BYTES (lowered here) sessions map weights instead of packing a
     private copy; equivalent twins stay equivalent and a 1% weight change is still seen."""
-    from onnx_modular import runtime
+    from onnx_modular.leaves import runtime
 
     hier, flat = twins
     model, _ = models.net()

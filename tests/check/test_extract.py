@@ -17,7 +17,8 @@ import pytest
 from onnx import numpy_helper
 
 import onnx_modular as om
-from onnx_modular.check.extract import MARKER, _mark, check_directory
+from onnx_modular.check.extract import MARKER, check_directory
+from onnx_modular.check.extract.folder import mark as _mark
 from onnx_modular.cli import main
 
 LAYERS = 24
@@ -50,15 +51,31 @@ def _same_order(a: float, b: float) -> bool:
     return b / 10 <= a <= b * 10
 
 
+@pytest.fixture
+def validation():
+    """Opens validation sessions that have run, closed when the test ends."""
+    opened: list[om.Validation] = []
+
+    def run(*args, **kwargs) -> om.Validation:
+        opened.append(om.Validation(*args, **kwargs))
+        opened[-1].run()
+        return opened[-1]
+
+    yield run
+    for session in opened:
+        session.close()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("functions", ["all", "none"])
-def test_planted_layer_reproduces_alone(gpt2_24, functions, tmp_path, capsys):
+def test_planted_layer_reproduces_alone(gpt2_24, functions, tmp_path, capsys, validation):
     model, args, protos = gpt2_24
     bad = _scaled(protos[functions], f"{PLANTED}.weight", 1.5)
-    rep = om.validate(model, args, bad, providers="cpu")
+    v = validation(model, args, bad, providers="cpu")
+    rep = v.report
     assert not rep.ok and rep.first_mismatch == PLANTED
 
-    x = rep.extract(tmp_path / "bad")
+    x = v.extract(tmp_path / "bad")
     assert x.call_id == PLANTED and x.kind == ("hierarchical" if functions == "all" else "flat")
     assert sorted(p.name for p in (tmp_path / "bad").iterdir()) == [
         MARKER, "README.md", "expected.npz", "inputs.npz", "module.onnx"]
@@ -78,14 +95,14 @@ def test_planted_layer_reproduces_alone(gpt2_24, functions, tmp_path, capsys):
     # a healthy layer before the error matches; so does one after it, which in the full
     # model is fed diverging inputs: the repro isolates the module from upstream drift
     for call in ("h.3", "model.h.20"):
-        ok = rep.extract(tmp_path / call, call=call)
+        ok = v.extract(tmp_path / call, call=call)
         assert not ok.reproduces, call
         assert _compare_io(tmp_path / call, capsys) == 0, call
     assert not next(e for e in rep.localization.errors if e.call_id == "model.h.20").ok
 
 
 @pytest.mark.slow
-def test_planted_in_a_copied_body_extracts_that_body(gpt2_24, tmp_path, capsys):
+def test_planted_in_a_copied_body_extracts_that_body(gpt2_24, tmp_path, capsys, validation):
     """A residual Add turned Sub in the body only layer 17 calls: extracting layer 17 takes
     its own (planted) body, not the body the other 23 layers share."""
     model, args, protos = gpt2_24
@@ -93,24 +110,26 @@ def test_planted_in_a_copied_body_extracts_that_body(gpt2_24, tmp_path, capsys):
     bad.CopyFrom(protos["all"])
     block = models.isolate_call(bad, "model.h.17", models.isolate_call(bad, "model"))
     [n for n in block.node if n.op_type == "Add"][-1].op_type = "Sub"
-    rep = om.validate(model, args, bad, providers="cpu")
+    v = validation(model, args, bad, providers="cpu")
+    rep = v.report
     assert rep.first_mismatch == "model.h.17"
-    x = rep.extract(tmp_path / "x")
+    x = v.extract(tmp_path / "x")
     module = onnx.load(tmp_path / "x" / "module.onnx")
     assert "Sub" in {n.op_type for n in module.graph.node}
     assert {f.name for f in module.functions} >= {"LayerNorm", "GPT2Attention", "GPT2MLP"}
     assert x.reproduces and _same_order(x.alone.max_abs, x.in_model.max_abs)
     assert _compare_io(tmp_path / "x", capsys) == 1
-    assert _compare_io_ok(rep, tmp_path / "h16", "model.h.16", capsys)
+    assert _compare_io_ok(v, tmp_path / "h16", "model.h.16", capsys)
 
 
-def _compare_io_ok(rep, directory, call, capsys) -> bool:
-    rep.extract(directory, call=call)
+def _compare_io_ok(v, directory, call, capsys) -> bool:
+    v.extract(directory, call=call)
     return _compare_io(directory, capsys) == 0
 
 
 @pytest.mark.slow
-def test_external_data_weights_come_from_the_models_directory(gpt2_24, tmp_path, capsys):
+def test_external_data_weights_come_from_the_models_directory(gpt2_24, tmp_path, capsys,
+                                                             validation):
     model, args, protos = gpt2_24
     bad = _scaled(protos["all"], f"{PLANTED}.weight", 1.5)
     src = tmp_path / "model"
@@ -118,51 +137,53 @@ def test_external_data_weights_come_from_the_models_directory(gpt2_24, tmp_path,
     onnx.save_model(bad, src / "m.onnx", save_as_external_data=True,
                     all_tensors_to_one_file=True, location="m.onnx.data", size_threshold=0)
     assert (src / "m.onnx.data").is_file()
-    rep = om.validate(model, args, src / "m.onnx", providers="cpu")
+    v = validation(model, args, src / "m.onnx", providers="cpu")
+    rep = v.report
     assert rep.first_mismatch == PLANTED
-    x = rep.extract(tmp_path / "x")
+    x = v.extract(tmp_path / "x")
     module = onnx.load(tmp_path / "x" / "module.onnx", load_external_data=False)
     assert all(i.data_location != onnx.TensorProto.EXTERNAL for i in module.graph.initializer)
     assert x.reproduces and _compare_io(tmp_path / "x", capsys) == 1
 
 
-def test_weights_stored_outside_need_the_models_path(tmp_path):
+def test_weights_stored_outside_need_the_models_path(tmp_path, validation):
     model, args = models.net()
     proto = models.hierarchical(model, weight_scale={1: 1.5})
     onnx.save_model(proto, tmp_path / "m.onnx", save_as_external_data=True,
                     location="m.data", size_threshold=0)
-    rep = om.validate(model, args, tmp_path / "m.onnx", providers="cpu")
+    v = validation(model, args, tmp_path / "m.onnx", providers="cpu")
     stub = onnx.load(tmp_path / "m.onnx", load_external_data=False)
-    rep.source.proto = stub  # as if only the references had been read
-    rep.source.path = None
+    v.source.proto = stub  # as if only the references had been read
+    v.source.path = None
     with pytest.raises(om.OnnxModularError, match="external data") as e:
-        rep.extract(tmp_path / "x")
+        v.extract(tmp_path / "x")
     assert "\n" not in str(e.value)
 
 
-def test_extract_from_a_report_that_matched_and_bad_names(tmp_path):
+def test_extract_from_a_report_that_matched_and_bad_names(tmp_path, validation):
     model, args = models.net()
-    rep = om.validate(model, args, models.hierarchical(model), providers="cpu")
+    v = validation(model, args, models.hierarchical(model), providers="cpu")
+    rep = v.report
     assert rep.ok and rep.localization is None
     with pytest.raises(om.OnnxModularError, match="no module call diverges"):
-        rep.extract(tmp_path / "x")
-    x = rep.extract(tmp_path / "x", call="layers.1")  # localizes now
+        v.extract(tmp_path / "x")
+    x = v.extract(tmp_path / "x", call="layers.1")  # localizes now
     assert not x.reproduces and x.kind == "hierarchical"
     assert [p.name for p in x.inputs] == ["x"]  # the body's own input name
     with pytest.raises(om.OnnxModularError, match="did you mean layers.1"):
-        rep.extract(tmp_path / "y", call="layer.1")
+        v.extract(tmp_path / "y", call="layer.1")
     with pytest.raises(om.OnnxModularError, match="ambiguous"):
-        rep.extract(tmp_path / "y", call="fc")
+        v.extract(tmp_path / "y", call="fc")
     (tmp_path / "file").write_text("")
     with pytest.raises(om.OnnxModularError, match="not a directory"):
-        rep.extract(tmp_path / "file", call="layers.1")
+        v.extract(tmp_path / "file", call="layers.1")
 
 
 @pytest.mark.slow
-def test_compare_io_usage_errors(gpt2_24, tmp_path, capsys):
+def test_compare_io_usage_errors(gpt2_24, tmp_path, capsys, validation):
     model, args, protos = gpt2_24
-    rep = om.validate(model, args, protos["all"], providers="cpu")
-    rep.extract(tmp_path, call="model.h.2.ln_1")
+    v = validation(model, args, protos["all"], providers="cpu")
+    v.extract(tmp_path, call="model.h.2.ln_1")
     d = tmp_path
     cases = [
         ([d / "module.onnx", d / "expected.npz", d / "expected.npz"], "missing input_0"),
@@ -237,11 +258,12 @@ def _adapter_ids(path) -> dict[str, set[str]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("functions", ["all", "none"])
-def test_model_explorer_overlay(gpt2_24, functions, tmp_path):
+def test_model_explorer_overlay(gpt2_24, functions, tmp_path, validation):
     model, args, protos = gpt2_24
     path = tmp_path / "m.onnx"
     onnx.save(_scaled(protos[functions], f"{PLANTED}.weight", 1.5), path)
-    rep = om.validate(model, args, path, providers="cpu")
+    v = validation(model, args, path, providers="cpu")
+    rep = v.report
     rep.save(tmp_path / "errors.json", format="model-explorer")
     data = json.loads((tmp_path / "errors.json").read_text())
     for graph in data.values():
@@ -256,7 +278,7 @@ def test_model_explorer_overlay(gpt2_24, functions, tmp_path):
         c_fc = next(e for e in rep.localization.errors if e.call_id == PLANTED)
         assert mlp["c_fc"]["value"] == pytest.approx(np.log10(c_fc.max_abs), abs=1e-3)
     else:  # values sit on the nodes that make each call's outputs
-        results, ev = data["main_graph"]["results"], rep.localization.evidence
+        results, ev = data["main_graph"]["results"], v.localization.evidence
 
         def value_of(call_id: str) -> float:
             k = next(k for k, j in ev.mapping.items() if ev.torch_calls[j].call_id == call_id)
@@ -271,35 +293,37 @@ def test_model_explorer_overlay(gpt2_24, functions, tmp_path):
 
 
 @pytest.mark.slow
-def test_overlay_and_extract_on_a_flat_torch_onnx_export(tmp_path, capsys):
+def test_overlay_and_extract_on_a_flat_torch_onnx_export(tmp_path, capsys, validation):
     model, args = models.gpt2(3)
     import torch
 
     proto = torch.onnx.export(model, args, dynamo=True, verbose=False).model_proto
-    rep = om.validate(model, args, _scaled(proto, "model.h.1.mlp.c_fc.weight", 1.5),
-                      providers="cpu")
+    v = validation(model, args, _scaled(proto, "model.h.1.mlp.c_fc.weight", 1.5),
+                   providers="cpu")
+    rep = v.report
     assert rep.first_mismatch == "model.h.1.mlp.c_fc"
     assert rep.localization.kind == "flat"
     assert rep.node_data()["main_graph"]["results"]
-    x = rep.extract(tmp_path / "x")
+    x = v.extract(tmp_path / "x")
     assert x.kind == "flat" and x.reproduces
     assert _compare_io(tmp_path / "x", capsys) == 1
 
 
-def test_exported_program_as_the_reference(tmp_path, capsys):
+def test_exported_program_as_the_reference(tmp_path, capsys, validation):
     """A modularized program's GraphModules compile on their first call, calling
     themselves once more: still one call each, so layers group and calls pair."""
     import torch
 
     model, args = models.net()
     proto = _scaled(om.export(model, args).model_proto, "layers.1.fc.weight", 1.5)
-    rep = om.validate(torch.export.export(model, args), args, proto, providers="cpu")
+    v = validation(torch.export.export(model, args), args, proto, providers="cpu")
+    rep = v.report
     assert rep.first_mismatch == "layers.1.fc"
     assert [e.call_id for e in rep.localization.stack().calls] == [
         "layers.0", "layers.1", "layers.2"]
-    x = rep.extract(tmp_path / "x")
+    x = v.extract(tmp_path / "x")
     assert x.reproduces and _compare_io(tmp_path / "x", capsys) == 1
-    assert not rep.extract(tmp_path / "y", call="layers.2").reproduces
+    assert not v.extract(tmp_path / "y", call="layers.2").reproduces
 
 
 MODEL_SRC = """
@@ -358,16 +382,16 @@ def test_cli_validate_extract_prints_the_repro_command(tmp_path, capsys):
     assert "not a directory" in capsys.readouterr().err
 
 
-def test_outputs_changed_in_place_cannot_be_extracted(tmp_path):
+def test_outputs_changed_in_place_cannot_be_extracted(tmp_path, validation):
     import torch
 
     torch.manual_seed(0)
     model, args = models.InPlace().eval(), (torch.randn(2, 4),)
-    rep = om.validate(model, args, om.export(model, args), providers="cpu")
+    v = validation(model, args, om.export(model, args), providers="cpu")
     with pytest.raises(om.OnnxModularError, match="changed in place") as e:
-        rep.extract(tmp_path / "x", call="inner")
+        v.extract(tmp_path / "x", call="inner")
     assert "\n" not in str(e.value)
-    assert not rep.extract(tmp_path / "y", call="after").reproduces
+    assert not v.extract(tmp_path / "y", call="after").reproduces
 
 
 def test_bfloat16_values_survive_npz():
@@ -429,21 +453,22 @@ def test_an_earlier_extraction_unchanged_is_ours_and_a_changed_one_is_not(tmp_pa
 
 
 @pytest.mark.slow
-def test_extract_never_replaces_the_users_files_and_re_extracts_into_its_own(tmp_path):
+def test_extract_never_replaces_the_users_files_and_re_extracts_into_its_own(tmp_path,
+                                                                            validation):
     model, args = models.net()
     proto = models.hierarchical(model, weight_scale={1: 1.5})
-    rep = om.validate(model, args, proto, providers="cpu")
+    v = validation(model, args, proto, providers="cpu")
     mine = tmp_path / "mine"
     mine.mkdir()
     for name in ("module.onnx", "README.md"):
         (mine / name).write_text(f"my {name}")
     with pytest.raises(om.OnnxModularError, match="no earlier extraction wrote"):
-        rep.extract(mine)
+        v.extract(mine)
     assert {p.name: p.read_text() for p in mine.iterdir()} == {
         "module.onnx": "my module.onnx", "README.md": "my README.md"}
     ours = tmp_path / "ours"
-    first = rep.extract(ours)
-    again = rep.extract(ours, call="layers.0")
+    first = v.extract(ours)
+    again = v.extract(ours, call="layers.0")
     assert (first.call_id, again.call_id) == ("layers.1.fc", "layers.0")
     marker = json.loads((ours / MARKER).read_text())
     assert marker["call"] == "layers.0" and sorted(marker["files"]) == sorted(REPRO)

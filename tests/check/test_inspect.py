@@ -15,7 +15,7 @@ from onnx_modular.check.inspect import (
     load_onnx,
     summary,
 )
-from onnx_modular.metadata import DIFFERS_FROM
+from onnx_modular.leaves.metadata import DIFFERS_FROM
 
 
 class _Block(torch.nn.Module):

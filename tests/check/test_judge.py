@@ -8,7 +8,7 @@ import torch
 from onnx_modular.check.judge import judge, resolve
 from onnx_modular.check.probe import OnnxCall, Probe
 from onnx_modular.check.recorder import TorchCall
-from onnx_modular.metadata import CallInfo
+from onnx_modular.leaves.metadata import CallInfo
 
 
 def _torch(call_id: str, module_type: str, parent: int | None, depth: int,

@@ -1,4 +1,4 @@
-"""Localization start to end, and a report that localizes later, on a hand-built model."""
+"""Localization start to end, and a session that localizes later, on a hand-built model."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ import onnx
 import torch
 from onnx import TensorProto, helper
 
-from onnx_modular import runtime
+import onnx_modular as om
 from onnx_modular.check.localize import ProbeInAdvance, ValidationRun, localize
+from onnx_modular.check.options import Tolerances
 from onnx_modular.check.runners import Inputs, TorchRunner
-from onnx_modular.check.validation_report import ValidationReport
-from onnx_modular.metadata import META_CALL, META_PATH, META_TYPE
+from onnx_modular.leaves import runtime
+from onnx_modular.leaves.metadata import META_CALL, META_PATH, META_TYPE
 
 OPSET = [helper.make_opsetid("", 18), helper.make_opsetid("local", 1)]
 
@@ -60,11 +61,18 @@ class Model(torch.nn.Module):
         return self.head(self.blk(x))
 
 
+X = np.array([-1.0, 2.0], np.float32)
+
+
 def _run(proto: onnx.ModelProto) -> ValidationRun:
-    x = np.array([-1.0, 2.0], np.float32)
-    return ValidationRun(TorchRunner(Model()), Inputs((torch.from_numpy(x),), {}, {"x": x}),
-                         runtime.load_model(proto), "CPUExecutionProvider", None, None,
+    return ValidationRun(TorchRunner(Model()), Inputs((torch.from_numpy(X),), {}, {"x": X}),
+                         runtime.load_model(proto), "CPUExecutionProvider", Tolerances(),
                          fuse=False)
+
+
+def _session(proto: onnx.ModelProto, localize: bool | str = False) -> om.Validation:
+    return om.Validation(Model(), (torch.from_numpy(X),), proto, providers="cpu",
+                         localize=localize)
 
 
 def test_a_model_that_matches_localizes_to_no_mismatch() -> None:
@@ -73,29 +81,31 @@ def test_a_model_that_matches_localizes_to_no_mismatch() -> None:
     assert [e.call_id for e in loc.errors] == ["blk", "blk.act", "head"]
 
 
-def test_the_wrong_call_is_named_and_the_report_localizes_later() -> None:
-    run = _run(hierarchical(head="Sigmoid"))  # head computes the wrong thing
-    report = ValidationReport(run.loaded.label, [], 0.0, run=run)
-    assert report.localization is None and report.source is run.loaded
-    loc = report.relocalize()
-    assert report.first_mismatch == "head" and report.localization_provider == run.provider
-    assert loc.evidence is not None and run.calls is None  # the evidence holds them now
-    report.release()
-    assert report.localization is not None and report.localization.evidence is None
-    assert report.node_data()  # localizes again for the overlay
-    assert report.to_dict()["localization"]["first_mismatch"] == "head"
+def test_the_wrong_call_is_named_and_the_session_localizes_later() -> None:
+    with _session(hierarchical(head="Sigmoid")) as v:  # head computes the wrong thing
+        report = v.run()
+        assert report.localization is None and v.source is not None
+        assert v.source.label == report.model
+        later = v.localize()
+        assert later.first_mismatch == "head"
+        assert later.localization_provider == "CPUExecutionProvider"
+        assert report.localization is None  # the earlier report is as it was
+        assert v.localization is not None and v.localization.evidence is not None
+        v.release()
+        assert v.localization is not None and v.localization.evidence is None
+        assert v.node_data()  # localizes again for the overlay
+        assert later.to_dict()["localization"]["first_mismatch"] == "head"
+        assert later.localization.evidence is None  # the report holds no values
 
 
 def test_a_probe_built_in_advance_is_taken_once_and_later_localizations_build_their_own(
         ) -> None:
-    """validate(localize=True) on a passing model, release(), then node_data(): the second
+    """localize=True on a passing model, release(), then node_data(): the second
     localization must not run the first one's closed probe session."""
-    run = _run(hierarchical())
-    run.advance = ProbeInAdvance(run.loaded, run.provider)
-    report = ValidationReport(run.loaded.label, [], 0.0, run=run)
-    assert report.relocalize().first is None and run.advance is None
-    report.release()
-    assert report.node_data()  # localizes again, on a probe session of its own
+    with _session(hierarchical(), localize=True) as v:
+        assert v.run().localization.first is None
+        v.release()
+        assert v.node_data()  # localizes again, on a probe session of its own
 
 
 def test_a_fused_localization_closes_the_unfused_session_built_in_advance() -> None:
@@ -103,3 +113,10 @@ def test_a_fused_localization_closes_the_unfused_session_built_in_advance() -> N
     probe, session, error = advance.take("CPUExecutionProvider", fuse=True)
     assert probe is not None and session is None and error is None
     assert advance._session is None  # not kept alive beside the fused one
+
+
+def test_a_probe_nobody_took_is_closed_with_its_thread() -> None:
+    advance = ProbeInAdvance(runtime.load_model(hierarchical()), "CPUExecutionProvider")
+    assert advance.take("CUDAExecutionProvider", fuse=False) is None  # built for another
+    advance.close()
+    assert not advance.alive and advance._session is None and advance._loaded is None

@@ -10,7 +10,7 @@ from onnx_modular.check.judge import judge
 from onnx_modular.check.overlay import FLOOR, GRADIENT, NAME, node_data
 from onnx_modular.check.probe import OnnxCall, Probe
 from onnx_modular.check.recorder import TorchCall
-from onnx_modular.metadata import CallInfo
+from onnx_modular.leaves.metadata import CallInfo
 
 
 def _torch(call_id: str, parent: int | None, depth: int, out: torch.Tensor,

@@ -19,12 +19,13 @@ from onnx import numpy_helper
 
 import onnx_modular as om
 from onnx_modular.check.call_stats import OwnError, OwnErrors
+from onnx_modular.check.options import Tolerances
 from onnx_modular.check.own import _finishing_order, _judged, _same_kind
 from onnx_modular.check.recorder import TorchCall
 from onnx_modular.check.validation_report import ValidationReport
 from onnx_modular.cli import main
+from onnx_modular.leaves.metadata import CallInfo
 from onnx_modular.lower.translate import quiet_torch_onnx
-from onnx_modular.metadata import CallInfo
 from tests import models
 
 CPU = "CPUExecutionProvider"
@@ -214,8 +215,8 @@ def test_each_torch_output_is_judged_once() -> None:
     tcall = types.SimpleNamespace(call=CallInfo("blk", "blk", "pkg.Blk"), depth=1,
                                   intact_outputs=lambda: [ones, fives])
     wrong = [np.ones((2, 3), np.float32), np.ones((2, 3), np.float32)]
-    assert not _judged(tcall, 0, wrong, "float32", None, None).ok
+    assert not _judged(tcall, 0, wrong, "float32", Tolerances()).ok
     swapped = [np.full((2, 3), 5.0, np.float32), np.ones((2, 3), np.float32)]
-    assert not _judged(tcall, 0, swapped, "float32", None, None).ok
+    assert not _judged(tcall, 0, swapped, "float32", Tolerances()).ok
     right = [np.ones((2, 3), np.float32), np.full((2, 3), 5.0, np.float32)]
-    assert _judged(tcall, 0, right, "float32", None, None).ok
+    assert _judged(tcall, 0, right, "float32", Tolerances()).ok

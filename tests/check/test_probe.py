@@ -8,7 +8,13 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from onnx_modular.check.probe import build_probe
-from onnx_modular.metadata import CLASS_HIERARCHY, META_CALL, META_PATH, META_TYPE, NAME_SCOPES
+from onnx_modular.leaves.metadata import (
+    CLASS_HIERARCHY,
+    META_CALL,
+    META_PATH,
+    META_TYPE,
+    NAME_SCOPES,
+)
 
 OPSET = [helper.make_opsetid("", 18), helper.make_opsetid("local", 1)]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from onnx_modular.check.recorder import record_calls
-from onnx_modular.metadata import CallInfo
+from onnx_modular.leaves.metadata import CallInfo
 
 
 class Inner(torch.nn.Module):

@@ -11,7 +11,6 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
-from onnx_modular import runtime
 from onnx_modular.check.runners import (
     Inputs,
     PartsRunner,
@@ -20,6 +19,7 @@ from onnx_modular.check.runners import (
     TorchRunner,
 )
 from onnx_modular.diagnostics import OnnxModularError
+from onnx_modular.leaves import runtime
 from onnx_modular.parts.runner import SplitRunner
 
 

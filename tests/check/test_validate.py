@@ -13,9 +13,9 @@ from onnx import numpy_helper
 from torch import nn
 
 import onnx_modular as om
-from onnx_modular import runtime as _ort
 from onnx_modular.check import numerics
 from onnx_modular.check.probe import build_probe
+from onnx_modular.leaves import runtime as _ort
 
 HAS_CUDA = "CUDAExecutionProvider" in _ort.available_providers()
 NO_CUDA = "needs onnxruntime-gpu with the CUDAExecutionProvider and a CUDA GPU"
@@ -440,9 +440,10 @@ def test_localization_asked_up_front_matches_one_asked_later(stack, broken: bool
     if broken:
         proto = _scale_initializer(proto, "layers.2.fc.weight", 1.5)
     early = om.validate(model, args, proto, providers="cpu", localize=True)
-    late = om.validate(model, args, proto, providers="cpu", localize=False)
-    assert late.localization is None
-    late.relocalize()
+    with om.Validation(model, args, proto, providers="cpu", localize=False) as session:
+        late = session.run()
+        assert late.localization is None
+        late = session.localize()
     assert early.ok == late.ok == (not broken)
     assert early.localization == late.localization
     assert early.localization.calls_checked > 0
@@ -455,7 +456,7 @@ def test_a_large_model_is_checked_without_prepacked_weights(tmp_path, monkeypatc
                                                             broken: bool) -> None:
     """Above LARGE_MODEL_BYTES (lowered here) neither session prepacks: ORT maps the
     external weights instead of copying them. The verdict and the culprit are the same."""
-    from onnx_modular import runtime
+    from onnx_modular.leaves import runtime
 
     model = nn.Sequential(*[nn.Sequential(nn.Linear(64, 64), nn.ReLU()) for _ in range(4)])
     args = (torch.randn(3, 5, 64),)

@@ -16,7 +16,7 @@ from onnx_modular.check.probe import OnnxCall, Probe
 from onnx_modular.check.recorder import TorchCall
 from onnx_modular.check.validation_report import ValidationReport, sparkline
 from onnx_modular.diagnostics import OnnxModularError
-from onnx_modular.metadata import CallInfo
+from onnx_modular.leaves.metadata import CallInfo
 
 CPU = "CPUExecutionProvider"
 
@@ -153,11 +153,26 @@ def test_without_a_run_nothing_can_be_localized_or_extracted(tmp_path, failing) 
         failing.extract(tmp_path / "x")
 
 
-def test_release_lets_the_values_go(failing) -> None:
-    assert failing.localization.evidence is not None
-    failing.release()
+def test_a_report_keeps_no_values_only_their_overlay(failing) -> None:
+    """Given a localization with its values, a report keeps the overlay of them as data and
+    lets the values go (a Validation session keeps them, and its release lets them go)."""
+    assert _localization().evidence is not None
     assert failing.localization.evidence is None
-    assert failing.node_data() == {}  # nothing kept, no run to localize again
+    assert failing.localization == _localization()  # the same verdicts
+    data = failing.node_data()
+    failing.release()  # nothing to let go
+    assert failing.node_data() == data and set(data["main"]["results"]) == {"L0", "L1", "L2"}
+
+
+def test_a_report_is_frozen_data_that_pickles(failing) -> None:
+    import dataclasses
+    import pickle
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        failing.localization = None  # type: ignore[misc]
+    back = pickle.loads(pickle.dumps(failing))
+    assert back.to_dict() == failing.to_dict() and back.node_data() == failing.node_data()
+    assert str(back) == str(failing)
 
 
 def test_sparkline_is_one_bar_per_decade() -> None:

@@ -7,8 +7,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_modular._io import encode_varint
 from onnx_modular.check import wire
+from onnx_modular.leaves._io import encode_varint
 
 
 def _model(with_sparse: bool = False) -> onnx.ModelProto:

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import models
@@ -25,9 +26,9 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 import onnx_modular as om
-from onnx_modular import _io
 from onnx_modular.check.extract import check_directory
 from onnx_modular.cli import main
+from onnx_modular.leaves import _io
 
 #: subcommand -> (flags that write, flags that read); "MODEL" etc. are positionals.
 SURFACES: dict[str, tuple[list[str], list[str]]] = {
@@ -190,13 +191,14 @@ def test_parts_never_replace_a_folder_of_other_files(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def failing() -> tuple:
-    """A validation that fails in layers.1.fc, localized, and its model file."""
+def failing() -> Iterator[om.Validation]:
+    """A validation session that failed in layers.1.fc, localized (closed at the end)."""
     model, args = models.net()
     proto = models.hierarchical(model, weight_scale={1: 1.5})
-    rep = om.validate(model, args, proto, providers="cpu")
-    assert not rep.ok
-    return rep
+    with om.Validation(model, args, proto, providers="cpu") as session:
+        rep = session.run()
+        assert not rep.ok
+        yield session
 
 
 def test_extract_twice_into_a_folder_with_a_space(failing, tmp_path, capsys, monkeypatch):
@@ -223,17 +225,18 @@ def test_extract_after_the_data_file_went_is_one_line(tmp_path):
     path = tmp_path / "m.onnx"
     onnx.save_model(proto, str(path), save_as_external_data=True, location="m.data",
                     size_threshold=0)
-    rep = om.validate(model, args, path, providers="cpu")
-    (tmp_path / "m.data").unlink()
-    with pytest.raises(om.OnnxModularError, match="cannot read the external data"):
-        rep.extract(tmp_path / "x")
+    with om.Validation(model, args, path, providers="cpu") as session:
+        session.run()
+        (tmp_path / "m.data").unlink()
+        with pytest.raises(om.OnnxModularError, match="cannot read the external data"):
+            session.extract(tmp_path / "x")
     assert not (tmp_path / "x").exists()
 
 
 def test_full_disk_during_extract_leaves_the_folder_as_it_was(failing, tmp_path, monkeypatch):
     import errno
 
-    from onnx_modular.check import extract as extract_module
+    from onnx_modular.check.extract import repro as extract_module
 
     folder = tmp_path / "repro"
     failing.extract(folder)
@@ -353,7 +356,7 @@ def test_sarif_is_written_when_the_export_fails(tmp_path, capsys):
 
 def test_sarif_uris_and_placeholders():
     from onnx_modular.diagnostics import Location, sarif_template
-    from onnx_modular.errors import rules
+    from onnx_modular.leaves.errors import rules
 
     assert rules.FUNCTION_SUMMARY.to_sarif()["messageStrings"]["default"]["text"] == \
         "{0} function(s) for {1} module call(s)"

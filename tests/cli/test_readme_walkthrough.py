@@ -150,7 +150,7 @@ def test_readme_split_support_forms_on_tiny_model() -> None:
                     ["aten.linear", "aten.addmm", "aten.t", "aten.permute"]):
         parts = om.split(model, args, support=support)
         assert any(not r.is_acc for r in parts.regions)
-    from onnx_modular.runtime import available_providers
+    from onnx_modular.leaves.runtime import available_providers
 
     if "CUDAExecutionProvider" not in available_providers():
         with pytest.raises(OnnxModularError, match="CUDAExecutionProvider"):

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnx_ir as ir
 
-from onnx_modular.metadata import FX_NODE, CallInfo
+from onnx_modular.leaves.metadata import FX_NODE, CallInfo
 
 FLOAT = ir.TensorType(ir.DataType.FLOAT)
 OPSET = 18

@@ -6,7 +6,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnx_modular.emit.explain import MAX_REASONS, annotate_differences, differences
-from onnx_modular.metadata import DIFFERS_FROM
+from onnx_modular.leaves.metadata import DIFFERS_FROM
 
 from .graphs import OPSET, calling, function, value
 

@@ -18,8 +18,8 @@ from onnx_modular.emit.infra import (
     listed,
     unlabelled_calls,
 )
-from onnx_modular.errors import fail, rules
-from onnx_modular.metadata import META_CALL, META_FX_OUTPUTS, META_PATH
+from onnx_modular.leaves.errors import fail, rules
+from onnx_modular.leaves.metadata import META_CALL, META_FX_OUTPUTS, META_PATH
 
 from . import graphs
 

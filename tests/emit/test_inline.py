@@ -11,7 +11,7 @@ import onnx_ir as ir
 
 from onnx_modular.emit.inline import RebasingInlinePass
 from onnx_modular.emit.outline import outline
-from onnx_modular.metadata import (
+from onnx_modular.leaves.metadata import (
     CLASS_HIERARCHY,
     META_CALL,
     META_PATH,

@@ -8,7 +8,7 @@ import json
 import onnx_ir as ir
 
 from onnx_modular.emit.labels import absolutize, call_scope, relativize, scope_of
-from onnx_modular.metadata import (
+from onnx_modular.leaves.metadata import (
     CLASS_HIERARCHY,
     LABELS,
     META_CALL,

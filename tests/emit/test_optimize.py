@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from onnx_modular._weights import StridedTensor
 from onnx_modular.emit.optimize import (
     SMALL_CONSTANT,
     collapse_reshapes,
@@ -16,6 +15,7 @@ from onnx_modular.emit.optimize import (
     plain_reshapes,
     remove_unused_initializers,
 )
+from onnx_modular.leaves._weights import StridedTensor
 
 from .graphs import OPSET, call, function, fx, model, run, value, weight
 
@@ -235,7 +235,7 @@ def test_a_loops_zero_state_stays_an_input_of_the_first_call() -> None:
     """``h = zeros; for _ in range(3): h = step(x, h)``: folded into the first call, the
     zero state would make it a function of its own (``Step: 4 inputs (vs 3)``)."""
     from onnx_modular.emit.outline import outline
-    from onnx_modular.metadata import fx_name
+    from onnx_modular.leaves.metadata import fx_name
 
     from .test_hold import _loop
 

@@ -1,5 +1,5 @@
-"""emit/outline: module calls -> nested functions (outline, selector, chains_per_node,
-merge_equal_functions, function_base) on hand-built graphs."""
+"""emit/outline: module calls -> nested functions (outline, selector, chains_per_node) on
+hand-built graphs."""
 
 from __future__ import annotations
 
@@ -10,15 +10,8 @@ import onnx
 import onnx_ir as ir
 import pytest
 
-from onnx_modular.emit.outline import (
-    Selection,
-    chains_per_node,
-    function_base,
-    merge_equal_functions,
-    outline,
-    selector,
-)
-from onnx_modular.metadata import (
+from onnx_modular.emit.outline import Selection, chains_per_node, outline, selector
+from onnx_modular.leaves.metadata import (
     FX_NODE,
     LABELS,
     META_CALL,
@@ -29,7 +22,7 @@ from onnx_modular.metadata import (
     CallInfo,
 )
 
-from .graphs import call, calling, function, fx, model, nested_blocks, run, two_blocks, value
+from .graphs import call, fx, model, nested_blocks, run, two_blocks, value
 
 X = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
 
@@ -169,87 +162,6 @@ def test_a_node_of_unknown_origin_takes_its_surroundings_chain() -> None:
     assert chains_per_node(nodes, chains, None) == [(outer, a), (outer,), (outer, b), ()]
     only_outer = chains_per_node(nodes, chains, lambda c: c.module_path == "m")
     assert only_outer == [(outer,), (outer,), (outer,), ()]
-
-
-def test_function_names_never_shadow_an_operator() -> None:
-    assert function_base("torch.nn.modules.activation.Softmax") == "Softmax_module"
-    assert function_base("pkg.Gelu") == "Gelu_module"  # an ONNX op since opset 20
-    assert function_base("pkg.FastGelu") == "FastGelu_module"  # com.microsoft
-    assert function_base("pkg.GPT2Block") == "GPT2Block"
-    assert function_base("pkg.<locals>.My-Block") == "My_Block"
-
-
-# ---- merge_equal_functions --------------------------------------------------------------------
-
-def test_equal_bodies_of_one_class_merge_and_calls_follow() -> None:
-    first, second = function("Block", ["Relu"]), function("Block_1", ["Relu"])
-    m = calling([first, second])
-    assert merge_equal_functions(m) == 1
-    assert [f.name for f in m.functions.values()] == ["Block"]
-    assert [n.op_type for n in m.graph] == ["Block", "Block"]
-    np.testing.assert_array_equal(run(m, x=X)[0], np.maximum(X, 0))
-
-
-def test_the_count_is_of_functions_merged_away() -> None:
-    m = calling([function(f"Block{suffix}", ["Relu"]) for suffix in ("", "_1", "_2")])
-    assert merge_equal_functions(m) == 2
-    assert merge_equal_functions(m) == 0  # nothing left to merge
-
-
-def test_bodies_differing_only_in_shapes_merge_and_lose_their_types() -> None:
-    first = function("Block", ["Relu"], shape=(2, 4))
-    second = function("Block_1", ["Relu"], shape=(3, 4))
-    x = value("x")
-    a = ir.node("Block", [x], domain="pkg")
-    m = model([x], a.outputs, [a], functions=[first, second], opsets={"": 18, "pkg": 1})
-    assert merge_equal_functions(m) == 1
-    (kept,) = m.functions.values()
-    assert kept.inputs[0].shape is None and kept.inputs[0].type is None
-
-
-def test_functions_of_different_classes_never_merge() -> None:
-    m = calling([function("Block", ["Relu"]), function("Mlp", ["Relu"], doc="pkg.Mlp")])
-    assert merge_equal_functions(m) == 0
-    assert len(m.functions) == 2
-
-
-def test_different_bodies_stay_apart_and_names_stay_dense() -> None:
-    functions = [function("Block", ["Relu"]), function("Block_1", ["Neg"]),
-                 function("Block_2", ["Neg"])]
-    m = calling(functions)
-    assert merge_equal_functions(m) == 1
-    assert [f.name for f in m.functions.values()] == ["Block", "Block_1"]
-    assert [n.op_type for n in m.graph] == ["Block", "Block_1", "Block_1"]
-    np.testing.assert_array_equal(run(m, x=X)[0], np.maximum(X, 0))  # Relu, Neg, Neg
-
-
-def test_merging_updates_the_outline_report() -> None:
-    m, chains = two_blocks(second_shape=(4, 4))
-    report = outline(m, chains, dedupe=False)
-    assert report.function_of_call == {"layers.0": "Block", "layers.1": "Block_1"}
-    assert merge_equal_functions(m, report) == 1
-    assert report.function_of_call == {"layers.0": "Block", "layers.1": "Block"}
-    assert report.functions == 1
-
-
-def test_merged_parents_merge_in_turn() -> None:
-    """Children merging makes their callers' bodies equal: the fixpoint merges those too."""
-    act, act_1 = function("Act", ["Relu"], doc="pkg.Act"), function("Act_1", ["Relu"],
-                                                                    doc="pkg.Act")
-    parents = []
-    for name, child in (("Block", act), ("Block_1", act_1)):
-        x = value("x")
-        node = ir.node(child.name, [x], domain="pkg")
-        graph = ir.Graph([x], node.outputs, nodes=[node], opset_imports={"": 18, "pkg": 1},
-                         name=name)
-        parent = ir.Function("pkg", name, graph=graph, attributes=[])
-        parent.doc_string = "pkg.Block"
-        parents.append(parent)
-    m = calling(parents)
-    for f in (act, act_1):
-        m.functions[f.identifier()] = f
-    assert merge_equal_functions(m) == 2
-    assert sorted(f.name for f in m.functions.values()) == ["Act", "Block"]
 
 
 @pytest.mark.parametrize("chain", [(), (CallInfo("a", "a", "pkg.A"),)])

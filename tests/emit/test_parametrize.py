@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from onnx_modular.emit.outline import merge_equal_functions
+from onnx_modular.emit.merge import merge_equal_functions
 from onnx_modular.emit.parametrize import merge_scalar_variants
 
 from .graphs import OPSET, calling, run, value

@@ -17,18 +17,13 @@ from onnx_modular.emit import outline as outline_module
 from onnx_modular.emit.explain import ExplainDifferences
 from onnx_modular.emit.infra import EmitPassError
 from onnx_modular.emit.inline import InlineAll
+from onnx_modular.emit.merge import MergeEqualFunctions, MergeRound, merge_equal_functions
 from onnx_modular.emit.optimize import FoldWeights, Optimize
-from onnx_modular.emit.outline import (
-    MergeEqualFunctions,
-    MergeRound,
-    Outline,
-    OutlineReport,
-    merge_equal_functions,
-)
+from onnx_modular.emit.outline import Outline, OutlineReport
 from onnx_modular.emit.pipeline import EmitOptions, EmitReport, emit_model
 from onnx_modular.emit.verify import Verify
-from onnx_modular.errors import rules
-from onnx_modular.metadata import (
+from onnx_modular.leaves.errors import rules
+from onnx_modular.leaves.metadata import (
     DIFFERS_FROM,
     FX_NODE,
     META_CALL,

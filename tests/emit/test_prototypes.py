@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 import onnx_modular as om
-from onnx_modular.metadata import DIFFERS_FROM, NO_MODULE
+from onnx_modular.leaves.metadata import DIFFERS_FROM, NO_MODULE
 
 # ---- CNN blocks written as torchvision writes them -------------------------------------------
 

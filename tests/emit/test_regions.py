@@ -19,7 +19,7 @@ from onnx_modular.emit.regions import (
     region_chains,
     single_model,
 )
-from onnx_modular.metadata import REGION_KIND
+from onnx_modular.leaves.metadata import REGION_KIND
 
 from .graphs import call, calling, function, fx, model, run, two_blocks, value
 

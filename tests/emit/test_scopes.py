@@ -5,7 +5,7 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from onnx_modular.emit.scopes import labelled_frames, node_chains, weights_next_to_readers
-from onnx_modular.metadata import CLASS_HIERARCHY, NAME_SCOPES
+from onnx_modular.leaves.metadata import CLASS_HIERARCHY, NAME_SCOPES
 from tests.emit.graphs import model, value, weight
 
 ROOT = "pkg.Net"

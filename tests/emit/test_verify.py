@@ -8,7 +8,7 @@ import pytest
 
 from onnx_modular.diagnostics import OnnxModularError
 from onnx_modular.emit.verify import verify
-from onnx_modular.metadata import META_CALL, META_PATH, META_TYPE, STACK_TRACE
+from onnx_modular.leaves.metadata import META_CALL, META_PATH, META_TYPE, STACK_TRACE
 
 from .graphs import OPSET, fx, model, value, weight
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from onnx_modular._checkpoint import INDEX_NAME, open_checkpoint, plan
 from onnx_modular.diagnostics import OnnxModularError
+from onnx_modular.leaves._checkpoint import INDEX_NAME, open_checkpoint, plan
 
 
 class Two(torch.nn.Module):

@@ -9,14 +9,14 @@ import pytest
 import torch
 import torch.fx
 
-from onnx_modular._io import write_sarif
 from onnx_modular.diagnostics import (
     DiagnosticContext,
     Level,
     Location,
     OnnxModularError,
 )
-from onnx_modular.errors import fail, rules
+from onnx_modular.leaves._io import write_sarif
+from onnx_modular.leaves.errors import fail, rules
 from onnx_modular.passes import PassBase, PassConditionError, PassManager, PassResult
 
 

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 import onnx_modular as om
-from onnx_modular import _io
+from onnx_modular.leaves import _io
 
 
 class Two(nn.Module):
@@ -199,7 +199,7 @@ def test_folded_transposed_weights_are_written_in_c_order(threshold: int,
                                                           tmp_path: Path) -> None:
     """``Transpose(weight)`` folds to a strided numpy view, which torch copies into C order as
     it is written: the file holds the very bytes the in-memory proto holds."""
-    from onnx_modular._weights import StridedTensor
+    from onnx_modular.leaves._weights import StridedTensor
 
     model = nn.Sequential(nn.Linear(48, 80), nn.GELU(), nn.Linear(80, 24)).eval()
     result = om.export(model, (torch.randn(2, 3, 48),))  # 3-D: MatMul, not Gemm
@@ -222,7 +222,7 @@ def test_strided_arrays_are_made_contiguous_bytes_and_all(dtype: str) -> None:
     ml_dtypes, a big-endian array); what it cannot take, numpy copies."""
     import ml_dtypes
 
-    from onnx_modular._weights import contiguous_array
+    from onnx_modular.leaves._weights import contiguous_array
 
     kind = getattr(ml_dtypes, dtype, None) or np.dtype(dtype)
     base = np.arange(12, dtype=np.float32).reshape(3, 4).astype(kind)
@@ -234,7 +234,7 @@ def test_strided_arrays_are_made_contiguous_bytes_and_all(dtype: str) -> None:
 
 def test_a_strided_int4_weight_is_written_packed(tmp_path: Path) -> None:
     """Two int4 values to a byte, as onnx_ir packs them: the bytes written are nbytes."""
-    from onnx_modular._weights import StridedTensor
+    from onnx_modular.leaves._weights import StridedTensor
 
     values = np.arange(-4, 4, dtype=np.int8).reshape(2, 4).T
     tensor = StridedTensor(values, dtype=ir.DataType.INT4)
@@ -261,7 +261,7 @@ def test_large_external_weights_lie_at_offsets_onnx_runtime_can_map(tmp_path: Pa
 def test_an_onnx_ir_without_writer_threads_still_saves_external_data(tmp_path: Path,
                                                                     monkeypatch) -> None:
     """onnx_ir before 1.1 has no ``max_workers``/``alignment``: ir.save is called plainly."""
-    from onnx_modular import _compat
+    from onnx_modular.leaves import _compat
 
     monkeypatch.setattr(_compat, "_ir_save_parameters", lambda: frozenset({"external_data"}))
     path = tmp_path / "m.onnx"

@@ -14,9 +14,9 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_modular import runtime
 from onnx_modular.diagnostics import OnnxModularError
-from onnx_modular.runtime import (
+from onnx_modular.leaves import runtime
+from onnx_modular.leaves.runtime import (
     LoadedModel,
     ProviderUnavailableError,
     first_line,

@@ -13,6 +13,7 @@ from models import TwoLinear
 from torch import nn
 
 from onnx_modular.diagnostics import OnnxModularError
+from onnx_modular.leaves.metadata import STACK_TRACE, fx_name
 from onnx_modular.lower.capture import capture
 from onnx_modular.lower.translate import (
     MIN_HIERARCHICAL_OPSET,
@@ -23,7 +24,6 @@ from onnx_modular.lower.translate import (
     stable_stack_traces,
     translate,
 )
-from onnx_modular.metadata import STACK_TRACE, fx_name
 
 
 @torch.library.custom_op("om_tests::mystery", mutates_args=())

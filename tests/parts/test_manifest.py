@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import onnx_modular as om
-from onnx_modular import _io, runtime
+from onnx_modular.leaves import _io, runtime
 from onnx_modular.parts import manifest as manifest_module
 
 

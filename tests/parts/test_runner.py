@@ -163,3 +163,38 @@ def test_ordered_kwargs_refuses_other_names_in_one_line() -> None:
                                "input(s) a, b; got a, c")
     with pytest.raises(om.OnnxModularError, match="keyword input\\(s\\) none; got a"):
         ordered_kwargs({"a": 1}, _spec({}))
+
+
+@pytest.mark.parametrize("outputs", ["none", "one twice"])
+def test_a_manifest_listing_other_outputs_than_its_structure_is_refused(saved, tmp_path,
+                                                                       outputs) -> None:
+    """Found by the fuzz test: an emptied ``outputs`` list ran and answered ``()``."""
+    directory, (x, bias, scale), _ = saved
+    copy = tmp_path / "parts"
+    shutil.copytree(directory, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    first = manifest["outputs"][0]
+    manifest["outputs"] = [] if outputs == "none" else [*manifest["outputs"], first]
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(om.OnnxModularError, match=r"lists [03] model output\(s\)") as e:
+        SplitRunner(copy, acc_providers="cpu").run(x, bias=bias, scale=scale)
+    assert "\n" not in str(e.value)
+
+
+def test_a_model_returning_none_beside_its_tensors_runs_from_its_parts(tmp_path) -> None:
+    """None is a leaf of the output structure but no ONNX output: the parts still run."""
+
+    class WithNone(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
+            return torch.relu(self.fc(x)), None
+
+    torch.manual_seed(0)
+    model, x = WithNone().eval(), torch.randn(2, 4)
+    om.split_stages(model, (x,), num_stages=1).save(tmp_path / "p")
+    got = SplitRunner(tmp_path / "p", acc_providers="cpu").run(x)
+    torch.testing.assert_close(got, model(x)[0], rtol=0, atol=1e-5)
+    assert om.validate(model, (x,), tmp_path / "p", providers="cpu").ok

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 import onnx_modular as om
 
 pytest.importorskip("tritonclient")
+from onnx_modular.leaves._io import folders
 from onnx_modular.parts import triton
 
 
@@ -126,14 +127,14 @@ def test_a_save_killed_at_each_step_leaves_the_old_set_or_the_new_one(net_stages
                     if next(steps, None) is None:
                         os._exit(9)
 
-                triton._step = die_at_k
+                folders._step = die_at_k
                 two.save_triton(repo, name="m")
             finally:
                 os._exit(0)
         _, status = os.waitpid(pid, 0)
         killed = os.waitstatus_to_exitcode(status) == 9
         before = consistent(repo)  # no mix whatever the server reads now
-        triton._recover(repo)  # what the next save (or load_repository) runs first
+        triton.recover_repository(repo)  # what the next save (or load_repository) runs first
         after = consistent(repo)
         leftovers = sorted(p.name for p in work.iterdir())
         assert leftovers == ["repo"], (k, leftovers)
@@ -164,7 +165,7 @@ def test_an_error_during_the_swap_puts_the_old_set_back(net_stages, tmp_path, mo
         if len(calls) == 5:
             raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(triton, "_step", fail_on_third)
+    monkeypatch.setattr(folders, "_step", fail_on_third)
     with pytest.raises(om.OnnxModularError, match="No space left.*nothing in it was changed"):
         two.save_triton(repo, name="m")
     assert snapshot(repo) == old

@@ -16,7 +16,7 @@ from torch import nn
 
 import onnx_modular as om
 from onnx_modular.cli import main
-from onnx_modular.errors import rules
+from onnx_modular.leaves.errors import rules
 from onnx_modular.passes.balance import plan_units
 
 
@@ -190,7 +190,7 @@ def test_cli_prints_the_plan_before_writing(tmp_path, capsys) -> None:
 
 
 def test_parse_bytes() -> None:
-    from onnx_modular._util import format_bytes, parse_bytes
+    from onnx_modular.leaves._util import format_bytes, parse_bytes
 
     assert parse_bytes("2GB") == 2_000_000_000
     assert parse_bytes("1.5 GiB") == 1_610_612_736

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import onnx_modular as om
-from onnx_modular.errors import rules
-from onnx_modular.metadata import FX_SPLIT_PLAN
+from onnx_modular.leaves.errors import rules
+from onnx_modular.leaves.metadata import FX_SPLIT_PLAN
 from onnx_modular.passes import PassBase, PassManager, PassResult
 from onnx_modular.passes.split import (
     CutRegions,

@@ -18,7 +18,7 @@ from torch.fx.passes.shape_prop import ShapeProp
 
 import onnx_modular as om
 from onnx_modular import DiagnosticContext, OperatorSupport
-from onnx_modular.passes.split import SplitPass, plan_split
+from onnx_modular.passes.split import SplitLimits, SplitPass, plan_split
 
 Regions = list[tuple[bool, frozenset[str]]]
 
@@ -52,7 +52,8 @@ def theirs(gm: torch.fx.GraphModule, args: tuple, support: OperatorSupport, **kw
 
 
 def ours(gm: torch.fx.GraphModule, support: OperatorSupport, **kw) -> Regions:
-    return [(r.is_acc, frozenset(r.node_names)) for r in plan_split(gm, support, **kw).regions]
+    return [(r.is_acc, frozenset(r.node_names)) for r in plan_split(
+        gm, support, limits=SplitLimits(**kw)).regions]
 
 
 # ---- models ----------------------------------------------------------------------------------
@@ -234,7 +235,8 @@ def test_max_acc_splits_counts_every_region_as_splitter_base(limit):
         if hasattr(node, "tag"):
             del node.tag
     try:
-        SplitPass(support, max_acc_splits=limit)(gm, DiagnosticContext())
+        SplitPass(support, limits=SplitLimits(max_acc_splits=limit))(gm,
+                                                                    DiagnosticContext())
         ours_fails = False
     except om.OnnxModularError as e:
         assert "3 regions (2 acc, 1 cpu), more than max_acc_splits" in str(e)

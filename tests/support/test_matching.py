@@ -17,7 +17,7 @@ from torch import nn
 import onnx_modular as om
 from onnx_modular.cli import main
 from onnx_modular.diagnostics import Level
-from onnx_modular.errors import rules
+from onnx_modular.leaves.errors import rules
 from onnx_modular.support.operator_support import load_support_file
 
 
@@ -152,10 +152,12 @@ def test_a_denied_op_that_gets_through_is_a_clear_error(monkeypatch) -> None:
     monkeypatch.setattr(emit_optimize, "optimize_ir_avoiding",
                         lambda model, avoid: onnxscript.optimizer.optimize_ir(model,
                                                                               inline=False))
-    result = om.split(MinMax().eval(), (torch.randn(2, 8),),
-                      support=om.OperatorSupport(deny=["onnx::Clip"]))
-    with pytest.raises(om.OnnxModularError) as info:
-        result.region_graphs()
+    ctx = om.DiagnosticContext()
+    with pytest.raises(om.OnnxModularError) as info:  # from the split itself, not a save
+        om.split(MinMax().eval(), (torch.randn(2, 8),),
+                 support=om.OperatorSupport(deny=["onnx::Clip"]), ctx=ctx)
+    assert ctx.diagnostics[-1] is info.value.diagnostic  # recorded, with the region's scope
+    assert ctx.diagnostics[-1].scope == "_run_on_acc_0"
     message = str(info.value)
     assert rules.DENIED_ON_ACC.id in message and "\n" not in message
     assert "'_run_on_acc_0' holds Clip (main graph)" in message

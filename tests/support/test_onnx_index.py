@@ -7,7 +7,7 @@ import dataclasses
 import onnx_ir as ir
 import pytest
 
-from onnx_modular.metadata import FX_NODE
+from onnx_modular.leaves.metadata import FX_NODE
 from onnx_modular.support.onnx_index import SupportContext, fx_to_onnx_nodes
 
 

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from onnx_modular import OnnxModularError, OperatorSupport
-from onnx_modular.metadata import fx_name
+from onnx_modular.leaves.metadata import fx_name
 from onnx_modular.support.onnx_index import SupportContext, fx_to_onnx_nodes
 from onnx_modular.support.operator_support import load_support_file, node_op_name, resolve_support
 from onnx_modular.support.ort_kernels import ort_kernel_registry

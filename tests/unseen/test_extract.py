@@ -90,17 +90,17 @@ def test_planted_error_reproduces_alone_and_healthy_block_matches(name, function
     init = next(i for i in proto.graph.initializer if i.name == weight)
     init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * 1.5 + 0.1, weight))
 
-    rep = om.validate(model, args, proto, providers="cpu")
-    assert not rep.ok and rep.first_mismatch == first
-
-    bad = rep.extract(tmp_path / "bad")
+    with om.Validation(model, args, proto, providers="cpu") as validation:
+        rep = validation.run()
+        assert not rep.ok and rep.first_mismatch == first
+        bad = validation.extract(tmp_path / "bad")
+        ok = validation.extract(tmp_path / "ok", call=healthy)
     alone = compare_io(tmp_path / "bad" / "module.onnx", tmp_path / "bad" / "inputs.npz",
                        tmp_path / "bad" / "expected.npz", providers="cpu")
     assert not alone.ok
     in_model = bad.in_model.max_abs
     assert in_model / 10 <= alone.max_abs <= in_model * 10
 
-    ok = rep.extract(tmp_path / "ok", call=healthy)
     assert not next(e for e in rep.localization.errors if e.call_id == healthy).ok
     assert all(p.source.startswith("torch input") for p in ok.inputs), ok.inputs
     assert compare_io(tmp_path / "ok" / "module.onnx", tmp_path / "ok" / "inputs.npz",

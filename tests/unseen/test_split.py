@@ -23,7 +23,7 @@ from models import used_weight_bytes
 from torch import nn
 
 import onnx_modular as om
-from onnx_modular.metadata import fx_name
+from onnx_modular.leaves.metadata import fx_name
 from onnx_modular.support.operator_support import node_op_names
 
 pytestmark = pytest.mark.slow  # whole models: the full suite, not the inner loop

@@ -17,8 +17,8 @@ from onnx import numpy_helper
 from torch import nn
 
 import onnx_modular as om
-from onnx_modular import runtime as _ort
 from onnx_modular.cli import main
+from onnx_modular.leaves import runtime as _ort
 
 pytestmark = pytest.mark.slow  # whole models: the full suite, not the inner loop
 

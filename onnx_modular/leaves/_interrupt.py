@@ -3,7 +3,7 @@
 Importing torch takes a second or two, before ``cli.main`` and its handling of
 KeyboardInterrupt exist: an interrupt then printed a traceback. Only a command-line run
 (``python -m onnx_modular`` or the ``onnx-modular`` script) gets this handler, installed
-right after :mod:`onnx_modular._safepath` has run (``signal`` is imported once the current
+right after :mod:`onnx_modular.leaves._safepath` has run (``signal`` is imported once the current
 directory can no longer shadow it); ``cli.main`` gives Python's own handler back. A library
 user's interrupts stay theirs.
 """
@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 
-from onnx_modular._safepath import PACKAGE, dash_m_target
+from onnx_modular.leaves._safepath import PACKAGE, dash_m_target
 
 
 def _quiet(signum: int, frame: object) -> None:

@@ -13,7 +13,7 @@ entry points resolve specs alike. Only ``os`` and ``sys`` are imported here (no
 import os
 import sys
 
-PACKAGE = __name__.rpartition(".")[0]
+PACKAGE = __name__.split(".")[0]  # the top-level package, whichever module this is
 #: Short options of the interpreter that take an argument (``-c`` ends the options).
 _WITH_ARGUMENT = "cmWX"
 

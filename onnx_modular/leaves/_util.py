@@ -81,7 +81,7 @@ def memory_bytes() -> int | None:
 def check_allocation(shape: Sequence[int], itemsize: int, what: str) -> None:
     """One line, before allocating, for a tensor that cannot fit: a typo such as
     ``100000x100000`` would otherwise fail deep inside torch or numpy, or be killed."""
-    from onnx_modular.errors import fail
+    from onnx_modular.leaves.errors import fail
 
     if any(d < 0 for d in shape):
         raise fail(f"{what}: shape {list(shape)} has a negative dimension")

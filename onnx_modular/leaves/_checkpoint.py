@@ -24,10 +24,11 @@ from typing import Any
 
 import torch
 
-from onnx_modular._compat import has_transformers_init, transformers_init_weights
-from onnx_modular._io import inside_folder
 from onnx_modular.diagnostics import Location, Rule
-from onnx_modular.errors import fail, rules
+from onnx_modular.leaves._compat import has_transformers_init, transformers_init_weights
+from onnx_modular.leaves._io import inside_folder
+from onnx_modular.leaves.arguments import Model
+from onnx_modular.leaves.errors import fail, rules
 
 #: What ``weights=`` takes.
 Checkpoint = str | os.PathLike[str] | Mapping[str, torch.Tensor]
@@ -272,7 +273,7 @@ def meta_tensor(model: torch.nn.Module) -> str | None:
     return None
 
 
-def check_checkpoint(model: Any, checkpoint: Checkpoint) -> None:
+def check_checkpoint(model: Model, checkpoint: Checkpoint) -> None:
     """Fail now, in one line, if ``checkpoint`` cannot be bound to ``model``."""
     plan(model, checkpoint)
 

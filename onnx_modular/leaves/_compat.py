@@ -150,6 +150,7 @@ def tensor_version(tensor: torch.Tensor) -> int:
 
 # ---- pytree ----------------------------------------------------------------------------------
 
+tree_flatten = _pytree.tree_flatten
 tree_leaves = _pytree.tree_leaves
 tree_map = _pytree.tree_map
 tree_unflatten = _pytree.tree_unflatten

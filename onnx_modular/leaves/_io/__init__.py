@@ -3,7 +3,8 @@ part of one or a mix of two; a failure leaves nothing behind, and neither does a
 killed mid-way, once the next save into the same place has run.
 
 Temporary files are named ``.<target>.om<pid>-<random>.tmp`` beside the target: a later save
-removes those of processes that are gone.
+removes those of processes that are gone. Folders replaced as a set (parts directories,
+Triton repositories, extracted repros) go through :mod:`onnx_modular.leaves._io.folders`.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from typing import BinaryIO
 import onnx
 import onnx_ir as ir
 
-from onnx_modular._compat import ir_save_external
 from onnx_modular.diagnostics import Diagnostic, Rule, to_sarif
-from onnx_modular.errors import fail, rules
+from onnx_modular.leaves._compat import ir_save_external
+from onnx_modular.leaves._log import timed
+from onnx_modular.leaves.errors import fail, rules
 
 TWO_GB = 2 * 1024**3
 _TEMP = re.compile(r"^\.(?P<target>.+)\.om(?P<pid>\d+)-[0-9a-z_]+\.tmp$")
@@ -101,9 +103,11 @@ def inside_folder(folder: Path, name: object, where: str, *,
     return file
 
 
-def temp_name(target: Path) -> str:
-    """A writer's temporary beside ``target`` (:func:`clean_stale_temporaries` knows it)."""
-    return f".{target.name}.om{os.getpid()}-{secrets.token_hex(4)}.tmp"
+def temp_name(target: Path, tag: str = "") -> str:
+    """A writer's temporary beside ``target`` (:func:`clean_stale_temporaries` knows it);
+    ``tag`` (lowercase letters) starts its random part: ``old`` names a backup that
+    :mod:`onnx_modular.leaves._io.folders` recovers before the temporaries are cleaned."""
+    return f".{target.name}.om{os.getpid()}-{tag}{secrets.token_hex(4)}.tmp"
 
 
 def _os_error(target: Path, error: OSError) -> Exception:
@@ -299,7 +303,7 @@ def save_model(model: ir.Model, path: str | os.PathLike[str], *,
     target = check_writable(path)
     directory = target.parent if str(target.parent) else Path(".")
     if _initializer_bytes(model) <= external_data_threshold:
-        with atomic_path(target) as tmp, open(tmp, "wb") as file:
+        with timed(f"write {target}"), atomic_path(target) as tmp, open(tmp, "wb") as file:
             write_inline(model, file)
         with directory_lock(directory):  # an earlier save's data file is nobody's now
             _remove_unnamed_data(directory, target, "")
@@ -310,7 +314,8 @@ def save_model(model: ir.Model, path: str | os.PathLike[str], *,
     try:
         staging.mkdir()
         staged = staging / target.name
-        ir_save_external(model, staged, data_name)
+        with timed(f"write {target} (weights in a data file)"):
+            ir_save_external(model, staged, data_name)
         # weights too small to go apart stay inline: then the data file is nobody's
         apart = data_name in external_data_files(staged)
         keep_mode(target, staging / data_name)

@@ -23,9 +23,9 @@ import onnx
 from google.protobuf.descriptor import FieldDescriptor
 from onnx.external_data_helper import ExternalDataInfo
 
-from onnx_modular._compat import ort_operator_domains
 from onnx_modular.diagnostics import OnnxModularError
-from onnx_modular.errors import fail, rules
+from onnx_modular.leaves._compat import ort_operator_domains
+from onnx_modular.leaves.errors import fail, rules
 
 #: Short names users type on the command line.
 PROVIDER_ALIASES = {

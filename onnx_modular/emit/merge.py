@@ -1,0 +1,258 @@
+"""Merge the functions the optimizer made equal, to a fixpoint.
+
+:func:`merge_equal_functions` runs :class:`MergeRound` under onnx_ir's ``PassManager`` until a
+round merges nothing; :class:`MergeEqualFunctions` is its step in the emit pipeline. Each
+round tries, in turn: bodies of one class with equal keys, a function into the fuller
+function of its class (its caller ignored some outputs), and bodies that differ only in
+float scalars (:mod:`.parametrize`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Mapping
+
+import onnx_ir as ir
+
+from onnx_modular.emit.canonical import graph_key
+from onnx_modular.emit.functions import (
+    HoldsOutlineReport,
+    OutlineReport,
+    ensure_calls_resolve,
+    function_base,
+)
+from onnx_modular.emit.infra import EmitPass
+from onnx_modular.emit.parametrize import merge_scalar_variants
+from onnx_modular.emit.walk import all_nodes, graphs
+from onnx_modular.leaves.metadata import META_FX_OUTPUTS
+
+
+def merge_equal_functions(model: ir.Model, report: OutlineReport | None = None) -> int:
+    """After optimization: functions of one class whose bodies came out the same become one,
+    to a fixpoint (``Linear`` 32->96 and 32->32: one ``MatMul, Add``; then the two blocks
+    that call them, and so on up).
+
+    Bodies are keyed with their input shapes for outlining, since the optimizer specializes a
+    body to its shapes; here what it made of each is compared with the shapes left out, and
+    equal bodies share the first function. A body's key names the functions it calls, so a
+    parent is compared again after its children merged. A kept function's recorded types
+    no longer hold for every call and are dropped; names are made dense again (``Linear``,
+    ``Linear_1``). When nothing else merges, bodies that differ only in float scalars become
+    one function with attributes (:mod:`.parametrize`). Returns how many functions were
+    merged away.
+    """
+    original = {identifier[1]: function for identifier, function in model.functions.items()}
+    rounds = MergeRound()
+    # each round that changes the model merges a function away: one round more than there
+    # are functions always reaches the round that changes nothing, where the manager stops
+    ir.passes.PassManager([rounds], steps=len(model.functions) + 1, early_stop=True)(model)
+    if not rounds.merged:
+        return 0
+    _renumber(model)
+    if report is not None:
+        _follow_merges(report, original, rounds.target)
+        report.functions = len(model.functions)
+    return rounds.merged
+
+
+def _renumber(model: ir.Model) -> None:
+    """Names dense again, per class in creation order (as outlining named them): ``Linear``,
+    ``Linear_1``; the model's functions keyed by their new names, every call following."""
+    counts: dict[tuple[str, str], int] = {}
+    for function in model.functions.values():
+        base = function_base(function.doc_string or function.name)
+        n = counts.get((function.domain, base), 0)
+        counts[(function.domain, base)] = n + 1
+        function.name = base if n == 0 else f"{base}_{n}"
+    renamed = {identifier: function for identifier, function in model.functions.items()}
+    model.functions.clear()
+    for function in renamed.values():
+        model.functions[function.identifier()] = function
+    _retarget_calls(model, renamed)
+
+
+def _follow_merges(report: OutlineReport, original: Mapping[str, ir.Function],
+                   target: Mapping[int, ir.Function]) -> None:
+    """Each call of the report names the function its own was merged into, as renamed."""
+    def final(name: str) -> str:
+        function = original.get(name)
+        while function is not None and id(function) in target:
+            function = target[id(function)]
+        return function.name if function is not None else name
+
+    report.function_of_call = {call: final(name)
+                               for call, name in report.function_of_call.items()}
+
+
+class MergeRound(EmitPass):
+    """One round of :func:`merge_equal_functions`: equal keys first; when none, a function
+    into its fuller sibling; when none, scalar variants. Reports a change exactly when it
+    merged a function away; ``target`` maps each merged function (by id) to the one kept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.target: dict[int, ir.Function] = {}
+        self.merged = 0
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        kept_for = _merge_equal_keys(model, self.target)
+        if not kept_for:
+            kept_for = _merge_unused_outputs(model, self.target)
+        if not kept_for:
+            kept_for = _merge_parametrized(model, self.target)
+        self.merged += len(kept_for)
+        return ir.passes.PassResult(model, modified=bool(kept_for))
+
+
+class MergeEqualFunctions(EmitPass):
+    """After optimization: equal bodies of one class become one function, to a fixpoint
+    (:func:`merge_equal_functions`), keeping ``report.outline`` up to date."""
+
+    def __init__(self, report: HoldsOutlineReport) -> None:
+        super().__init__()
+        self.report = report
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        merged = merge_equal_functions(model, self.report.outline)
+        return ir.passes.PassResult(model, modified=bool(merged))
+
+    def ensures(self, model: ir.Model) -> None:
+        ensure_calls_resolve(self, model)
+
+
+def _merge_equal_keys(model: ir.Model, target: dict[int, ir.Function]
+                      ) -> dict[ir.OperatorIdentifier, ir.Function]:
+    """Functions of one class whose bodies (shapes left out) are equal: the first is kept."""
+    first: dict[tuple[str, str | None, str], ir.Function] = {}
+    kept_for: dict[ir.OperatorIdentifier, ir.Function] = {}
+    for identifier, function in model.functions.items():
+        key = (function.domain, function.doc_string,
+               graph_key(function.graph, signature=False))
+        kept = first.setdefault(key, function)
+        if kept is not function:
+            kept_for[identifier] = kept
+            target[id(function)] = kept
+            _drop_value_types(kept)
+    for identifier in kept_for:
+        del model.functions[identifier]
+    if kept_for:
+        _retarget_calls(model, kept_for)
+    return kept_for
+
+
+def _merge_parametrized(model: ir.Model, target: dict[int, ir.Function]
+                        ) -> dict[ir.OperatorIdentifier, ir.Function]:
+    """Bodies of one class that differ only in float scalars: one function with attributes
+    (:mod:`.parametrize`)."""
+    kept_for: dict[ir.OperatorIdentifier, ir.Function] = {}
+    for gone, kept in merge_scalar_variants(model):
+        target[id(gone)] = kept
+        kept_for[gone.identifier()] = kept
+        _drop_value_types(kept)
+    return kept_for
+
+
+def _merge_unused_outputs(model: ir.Model, target: dict[int, ir.Function]
+                          ) -> dict[ir.OperatorIdentifier, ir.Function]:
+    """A call whose caller ignores some outputs loses them (and what computes only them)
+    before outlining, so its body looks like a new prototype (Flux's last single block).
+    Such a function is merged into the function of its class it is a part of: the body that,
+    with only some of its outputs kept, is the same. Its calls take the fuller function and
+    leave the extra outputs unused. One merge per call, then equal keys are compared again.
+    """
+    by_class: dict[tuple[str, str | None], list[ir.Function]] = {}
+    for function in model.functions.values():
+        by_class.setdefault((function.domain, function.doc_string), []).append(function)
+    for functions in by_class.values():
+        for small in functions:
+            key = graph_key(small.graph, signature=False)
+            for full in functions:
+                if full is small or len(full.outputs) <= len(small.outputs) \
+                        or len(full.inputs) != len(small.inputs):
+                    continue
+                kept = _outputs_matching(full, small, key)
+                if kept is None:
+                    continue
+                target[id(small)] = full
+                _drop_value_types(full)
+                del model.functions[small.identifier()]
+                _widen_calls(model, small, full, kept)
+                return {small.identifier(): full}
+    return {}
+
+
+def _outputs_matching(full: ir.Function, small: ir.Function,
+                      key: str) -> tuple[int, ...] | None:
+    """Which outputs of ``full`` (in order), kept alone, make ``small``'s body."""
+    for kept in itertools.combinations(range(len(full.outputs)), len(small.outputs)):
+        pruned = ir.serde.deserialize_function(ir.serde.serialize_function(full))
+        outputs = [pruned.outputs[i] for i in kept]
+        pruned.outputs.clear()
+        pruned.outputs.extend(outputs)
+        _remove_dead_nodes(pruned.graph)
+        if graph_key(pruned.graph, signature=False) == key:
+            return kept
+    return None
+
+
+def _remove_dead_nodes(graph: ir.Graph) -> None:
+    live = set(graph.outputs)
+    for node in reversed(list(graph)):
+        if any(v in live for v in node.outputs):
+            live.update(v for v in node.inputs if v is not None)
+        else:
+            graph.remove(node, safe=False)
+
+
+def _widen_calls(model: ir.Model, small: ir.Function, full: ir.Function,
+                 kept: tuple[int, ...]) -> None:
+    """Every call of ``small`` becomes a call of ``full``; its outputs land at ``kept``."""
+    for graph in graphs(model):
+        for node in list(graph):
+            if node.op_identifier() == small.identifier():
+                _widen_call(graph, node, full, kept)
+
+
+def _widen_call(graph: ir.Graph | ir.Function, node: ir.Node, full: ir.Function,
+                kept: tuple[int, ...]) -> None:
+    """``node`` (in ``graph``) becomes a call of ``full``; its outputs land at ``kept``, the
+    others are unused."""
+    wider = ir.Node(full.domain, full.name, list(node.inputs),
+                    attributes=list(node.attributes.values()),  # a call's parameters
+                    num_outputs=len(full.outputs), name=node.name,
+                    metadata_props=dict(node.metadata_props))
+    for i, old in zip(kept, node.outputs, strict=True):
+        new = wider.outputs[i]
+        new.name, new.type, new.shape = old.name, old.type, old.shape
+        old.name = None
+        for k, out in enumerate(graph.outputs):
+            if out is old:
+                graph.outputs[k] = new
+        old.replace_all_uses_with(new)
+    for i, out in enumerate(wider.outputs):
+        if out.name is None:
+            out.name = f"{node.name}_unused_{i}"
+    fx_outputs = node.metadata_props.get(META_FX_OUTPUTS)
+    if fx_outputs is not None:
+        widened: list[str | None] = [None] * len(full.outputs)
+        for i, fx in zip(kept, json.loads(fx_outputs), strict=True):
+            widened[i] = fx
+        wider.metadata_props[META_FX_OUTPUTS] = json.dumps(widened)
+    graph.insert_before(node, wider)
+    graph.remove(node, safe=False)
+
+
+def _retarget_calls(model: ir.Model,
+                    target: Mapping[ir.OperatorIdentifier, ir.Function]) -> None:
+    """Point every call node (main graph, bodies, subgraphs) at its new function."""
+    for node in all_nodes(model):
+        function = target.get(node.op_identifier())
+        if function is not None:
+            node.domain, node.op_type = function.domain, function.name
+
+
+def _drop_value_types(function: ir.Function) -> None:
+    for value in (*function.inputs, *(out for node in function for out in node.outputs)):
+        value.type = None
+        value.shape = None

@@ -1,0 +1,85 @@
+"""emit/merge: functions of one class whose bodies came out equal become one, to a
+fixpoint (merge_equal_functions), names dense again and the outline report kept true."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from onnx_modular.emit.merge import merge_equal_functions
+from onnx_modular.emit.outline import outline
+
+from .graphs import calling, function, model, run, two_blocks, value
+
+X = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
+
+
+def test_equal_bodies_of_one_class_merge_and_calls_follow() -> None:
+    first, second = function("Block", ["Relu"]), function("Block_1", ["Relu"])
+    m = calling([first, second])
+    assert merge_equal_functions(m) == 1
+    assert [f.name for f in m.functions.values()] == ["Block"]
+    assert [n.op_type for n in m.graph] == ["Block", "Block"]
+    np.testing.assert_array_equal(run(m, x=X)[0], np.maximum(X, 0))
+
+
+def test_the_count_is_of_functions_merged_away() -> None:
+    m = calling([function(f"Block{suffix}", ["Relu"]) for suffix in ("", "_1", "_2")])
+    assert merge_equal_functions(m) == 2
+    assert merge_equal_functions(m) == 0  # nothing left to merge
+
+
+def test_bodies_differing_only_in_shapes_merge_and_lose_their_types() -> None:
+    first = function("Block", ["Relu"], shape=(2, 4))
+    second = function("Block_1", ["Relu"], shape=(3, 4))
+    x = value("x")
+    a = ir.node("Block", [x], domain="pkg")
+    m = model([x], a.outputs, [a], functions=[first, second], opsets={"": 18, "pkg": 1})
+    assert merge_equal_functions(m) == 1
+    (kept,) = m.functions.values()
+    assert kept.inputs[0].shape is None and kept.inputs[0].type is None
+
+
+def test_functions_of_different_classes_never_merge() -> None:
+    m = calling([function("Block", ["Relu"]), function("Mlp", ["Relu"], doc="pkg.Mlp")])
+    assert merge_equal_functions(m) == 0
+    assert len(m.functions) == 2
+
+
+def test_different_bodies_stay_apart_and_names_stay_dense() -> None:
+    functions = [function("Block", ["Relu"]), function("Block_1", ["Neg"]),
+                 function("Block_2", ["Neg"])]
+    m = calling(functions)
+    assert merge_equal_functions(m) == 1
+    assert [f.name for f in m.functions.values()] == ["Block", "Block_1"]
+    assert [n.op_type for n in m.graph] == ["Block", "Block_1", "Block_1"]
+    np.testing.assert_array_equal(run(m, x=X)[0], np.maximum(X, 0))  # Relu, Neg, Neg
+
+
+def test_merging_updates_the_outline_report() -> None:
+    m, chains = two_blocks(second_shape=(4, 4))
+    report = outline(m, chains, dedupe=False)
+    assert report.function_of_call == {"layers.0": "Block", "layers.1": "Block_1"}
+    assert merge_equal_functions(m, report) == 1
+    assert report.function_of_call == {"layers.0": "Block", "layers.1": "Block"}
+    assert report.functions == 1
+
+
+def test_merged_parents_merge_in_turn() -> None:
+    """Children merging makes their callers' bodies equal: the fixpoint merges those too."""
+    act, act_1 = function("Act", ["Relu"], doc="pkg.Act"), function("Act_1", ["Relu"],
+                                                                    doc="pkg.Act")
+    parents = []
+    for name, child in (("Block", act), ("Block_1", act_1)):
+        x = value("x")
+        node = ir.node(child.name, [x], domain="pkg")
+        graph = ir.Graph([x], node.outputs, nodes=[node], opset_imports={"": 18, "pkg": 1},
+                         name=name)
+        parent = ir.Function("pkg", name, graph=graph, attributes=[])
+        parent.doc_string = "pkg.Block"
+        parents.append(parent)
+    m = calling(parents)
+    for f in (act, act_1):
+        m.functions[f.identifier()] = f
+    assert merge_equal_functions(m) == 2
+    assert sorted(f.name for f in m.functions.values()) == ["Act", "Block"]
