@@ -25,7 +25,7 @@ from onnx_modular.check.outcome import ProviderResult
 from onnx_modular.check.overlay import node_data
 from onnx_modular.check.report import OUTPUT_HEAD, Report, fmt_err, md_table, output_rows
 from onnx_modular.leaves._compat import tensor_version, tree_flatten, tree_unflatten
-from onnx_modular.leaves._io import atomic_write_text
+from onnx_modular.leaves._io import atomic_write_text, file_stamp
 from onnx_modular.leaves.errors import fail
 from onnx_modular.leaves.runtime import short_provider
 
@@ -85,13 +85,12 @@ class Reopen:
         return Reopen, (None, [], None, [])
 
 
-def _file_stamp(path: Path) -> tuple[int, int] | None:
-    """Size and modification time of a model file (a parts directory's manifest)."""
+def _file_stamp(path: Path) -> list[int] | None:
+    """A model file's stamp (a parts directory's manifest's); None for what is no file."""
     try:
-        info = (path / "manifest.json" if path.is_dir() else path).stat()
+        return file_stamp(path / "manifest.json" if path.is_dir() else path)
     except OSError:  # not a path (a provider's name), or gone
         return None
-    return info.st_size, info.st_mtime_ns
 
 
 def _stamp(values: list[Any]) -> tuple[Any, ...]:

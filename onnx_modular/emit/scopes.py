@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import onnx
 import onnx_ir as ir
@@ -96,15 +96,6 @@ def weights_next_to_readers(graph: ir.Graph) -> None:
 def _has_subgraph(node: ir.Node) -> bool:
     return any(a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
                for a in node.attributes.values() if not a.is_ref())
-
-
-def root_class(nodes: Iterable[ir.Node]) -> str | None:
-    """The class of the exported module itself, as the labels name it."""
-    for node in nodes:
-        classes = torch_scopes(node.metadata_props)[1]
-        if len(classes) >= 2:
-            return classes[0]
-    return None
 
 
 @dataclasses.dataclass

@@ -12,7 +12,7 @@ import os
 import re
 from pathlib import Path
 
-from onnx_modular.leaves._io import atomic_write_text
+from onnx_modular.leaves._io import atomic_write_text, file_stamp
 from onnx_modular.leaves.errors import fail, rules
 
 MODULE, INPUTS, EXPECTED, README = "module.onnx", "inputs.npz", "expected.npz", "README.md"
@@ -54,10 +54,9 @@ def check_directory(directory: str | Path) -> Path:
 
 
 def _stamp(path: Path) -> list[int]:
-    """What a file of ours looks like as written: its size and modification time (renames
-    keep both), so a file the user replaced or edited since is no longer ours."""
-    st = os.lstat(path)
-    return [st.st_size, st.st_mtime_ns]
+    """What a file of ours looks like as written (the link itself, not what it names): a
+    file the user replaced or edited since is no longer ours."""
+    return file_stamp(path, follow_symlinks=False)
 
 
 def _foreign(folder: Path) -> list[str]:

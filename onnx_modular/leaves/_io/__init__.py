@@ -103,6 +103,13 @@ def inside_folder(folder: Path, name: object, where: str, *,
     return file
 
 
+def file_stamp(path: Path, *, follow_symlinks: bool = True) -> list[int]:
+    """A file as it is now: its size and modification time in ns (a rename keeps both), to
+    tell later whether it was replaced or edited since. ``OSError`` when it is gone."""
+    info = os.stat(path, follow_symlinks=follow_symlinks)
+    return [info.st_size, info.st_mtime_ns]
+
+
 def temp_name(target: Path, tag: str = "") -> str:
     """A writer's temporary beside ``target`` (:func:`clean_stale_temporaries` knows it);
     ``tag`` (lowercase letters) starts its random part: ``old`` names a backup that
