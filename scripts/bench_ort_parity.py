@@ -7,8 +7,10 @@ count after ORT's extended offline optimization (hierarchical, flat, and the ope
 that differ) and the session creation time ratio (median of --runs).
 Targets (issue 32): equal nodes at static shapes, at most 2 shape nodes more per layer call
 under dynamic shapes; session creation <= 1.2x on the 24-layer GPT-2.
+``--layer-only`` exports with ``functions=[<the layer class>]`` (one nesting level).
 Usage: python scripts/bench_ort_parity.py [--models gpt2 llama] [--layers 4] [--runs 7]
        python scripts/bench_ort_parity.py --models gpt2 --layers 24 --static-only
+       python scripts/bench_ort_parity.py --layer-only
 """
 
 from __future__ import annotations
@@ -62,12 +64,19 @@ def _dynamic_shapes(inputs: tuple[torch.Tensor, ...]) -> tuple[dict, ...]:
     return ({0: batch, 1: torch.export.Dim("seq", min=2, max=32)},)
 
 
+#: The decoder/encoder layer class of each model, for ``--layer-only``.
+LAYERS = {"gpt2": "GPT2Block", "llama": "LlamaDecoderLayer", "bert": "BertLayer",
+          "vit": "ViTLayer"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["gpt2", "llama", "bert", "vit"])
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--static-only", action="store_true")
+    parser.add_argument("--layer-only", action="store_true",
+                        help="functions=[the layer class] instead of every module")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
@@ -80,7 +89,8 @@ def main() -> None:
                 shapes = _dynamic_shapes(inputs) if dynamic else None
                 hier = Path(tmp, f"{name}_{dynamic}_hier.onnx")
                 flat = Path(tmp, f"{name}_{dynamic}_flat.onnx")
-                om.export(model, inputs, dynamic_shapes=shapes).save(hier)
+                functions = [LAYERS[name]] if args.layer_only else "all"
+                om.export(model, inputs, dynamic_shapes=shapes, functions=functions).save(hier)
                 with quiet_torch_onnx(), torch.no_grad():
                     torch.onnx.export(model, inputs, dynamic_shapes=shapes,
                                       dynamo=True).save(str(flat))

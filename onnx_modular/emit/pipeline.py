@@ -9,7 +9,9 @@ one :class:`~onnx_ir.passes.Sequential`, so a failure names the step it happened
 1. ``FoldWeights``: fold what depends on weights and constants only (``Transpose(weight)``);
    inside a function the weight is an input and could no longer be folded.
 2. ``Outline``: module calls -> nested local functions; equal bodies share one function.
-3. ``Optimize``: onnxscript's optimizer, each unique body once (never inlined).
+3. ``Optimize``: onnxscript's optimizer, each unique body once (never inlined); then
+   ``SimplifyOwnSizes``: the sizes a body computes for itself, as few and as constant as
+   they can be (one Shape slice per run of dimensions, Reshapes copying their own dims).
 4. ``MergeEqualFunctions``: bodies the optimizer made equal become one function, to a
    fixpoint (a parent merges once its children have).
 5. ``ExplainDifferences``: each function of a class but the first says why it stayed apart.
@@ -39,7 +41,7 @@ from onnx_modular.emit.outline import (
     selector,
 )
 from onnx_modular.emit.repair import Repair, RepairSqueeze
-from onnx_modular.emit.sizes import MergeShapeSlices
+from onnx_modular.emit.sizes import SimplifyOwnSizes
 from onnx_modular.emit.verify import Verify
 from onnx_modular.leaves._log import timed
 from onnx_modular.leaves.arguments import FunctionSelection
@@ -137,7 +139,7 @@ def _steps(options: EmitOptions, chains: Chains, weights: frozenset[str] | set[s
     if options.optimize:
         steps.append(Optimize(options.avoid_ops))
         if not options.flat:
-            steps.append(MergeShapeSlices())
+            steps.append(SimplifyOwnSizes())
         if options.dedupe and not options.flat:  # flat: everything is inlined right after
             steps.append(MergeEqualFunctions(report))
     if options.dedupe and not options.flat:

@@ -9,6 +9,11 @@ whose signature is activations and weights alone. So a size read by a call is re
 inside its body: the shape arithmetic that made it is copied in, each ``Shape(x)`` it starts
 from replaced by the shape of one of the call's own activations that has the same
 (symbolic) dimensions. A size that cannot be so derived stays an input.
+
+After the optimizer, :class:`SimplifyOwnSizes` makes those sizes cheap for the runtime: one
+``Shape`` slice per run of dimensions, and a ``Reshape`` whose computed shape repeats its
+own input's leading dimensions takes a constant with 0s instead (ONNX Runtime drops a
+function's value_info when it inlines, and infers shapes through a constant only).
 """
 
 from __future__ import annotations
@@ -278,9 +283,177 @@ def _shape_span(value: ir.Value | None) -> tuple[ir.Value, int, int] | None:
     return source, start, end
 
 
-class MergeShapeSlices(EmitPass):
-    """:func:`merge_shape_slices` in every function body (where the sizes are computed)."""
+def copy_own_dims(graph: ir.Graph) -> int:
+    """Computed shapes that repeat the input's own dimensions become constants:
+    ``Reshape(x, Concat(Shape(a, 0, 2), [4, 8]))`` -> ``Reshape(x, [0, 0, 4, 8])``
+    (``allowzero=0``: a 0 copies the input's dimension) and
+    ``Expand(x, Concat(Shape(a, 0, 1), [2, 2], Shape(a, 1, 2), [8]))`` ->
+    ``Expand(x, [1, 2, 2, 1, 8])`` (a 1 keeps it), where ``a``'s dimensions are ``x``'s at
+    the same positions (same symbolic names).
+
+    A body that computes its sizes for itself reshapes and expands with computed shapes;
+    ONNX Runtime, which drops a function's value_info when it inlines, cannot infer the
+    results' shapes and then skips fusions that need them, and it keeps a ``Shape`` and a
+    ``Concat`` per call. The constants mean the same for every size (an empty one too), and
+    shape inference reads them. Returns the number of nodes rewritten.
+    """
+    rewritten = 0
+    made: dict[tuple[int, ...], ir.Value] = {}  # one Constant per shape, shared by its users
+    for node in list(graph):
+        target = _constant_own_dims(node)
+        if target is None:
+            continue
+        if tuple(target) not in made:
+            name = f"{node.name or node.op_type}_own_dims"
+            constant = ir.node("Constant", [], attributes={
+                "value": ir.tensor(np.array(target, dtype=np.int64), name=name)}, name=name)
+            constant.outputs[0].name = name
+            constant.outputs[0].dtype = ir.DataType.INT64
+            constant.outputs[0].shape = ir.Shape([len(target)])
+            graph.insert_before(node, constant)
+            made[tuple(target)] = constant.outputs[0]
+        node.replace_input_with(1, made[tuple(target)])
+        if node.op_type == "Reshape":
+            node.attributes["allowzero"] = ir.AttrInt64("allowzero", 0)
+        rewritten += 1
+    if rewritten:
+        _remove_dead_size_nodes(graph)
+    return rewritten
+
+
+def _constant_own_dims(node: ir.Node) -> list[int] | None:
+    """The constant a Reshape's or Expand's computed shape equals, or None."""
+    if (node.op_type not in ("Reshape", "Expand") or node.domain not in ("", "ai.onnx")
+            or len(node.inputs) < 2 or node.inputs[0] is None or node.inputs[1] is None
+            or node.inputs[1].const_value is not None or node.inputs[0].shape is None):
+        return None
+    entries = _shape_entries(node.inputs[1])
+    if entries is None:
+        return None
+    dims = list(node.inputs[0].shape)
+    if node.op_type == "Expand":
+        return _expand_own_dims(entries, dims)
+    return _reshape_own_dims(entries, dims, node.attributes.get_int("allowzero", 0))
+
+
+def _same_dim(entry: int | str, dim: object) -> bool:
+    return isinstance(entry, str) and _named(dim) and str(dim) == entry
+
+
+def _reshape_own_dims(entries: list[int | str], dims: list[object], allowzero: int
+                      ) -> list[int] | None:
+    """0 where the entry is the input's dimension at its position; literals stay, none of
+    them a 0 under ``allowzero=1`` (an empty axis, which the 0 would turn into a copy)."""
+    target: list[int] = []
+    for position, entry in enumerate(entries):
+        if isinstance(entry, int):
+            if entry == 0 and allowzero == 1:
+                return None
+            target.append(entry)
+        elif position < len(dims) and _same_dim(entry, dims[position]):
+            target.append(0)
+        else:
+            return None
+    if 0 not in target:
+        return None
+    return _resolve_minus_one(target, dims)
+
+
+def _resolve_minus_one(target: list[int], dims: list[object]) -> list[int]:
+    """A -1 replaced by the size it stands for where the dimensions not copied are static
+    (``[0, 0, -1, 8]`` of a ``[b, s, 32]`` input is ``[0, 0, 4, 8]``): the whole output
+    shape is then inferable, and an empty input reshapes as well (-1 of zero elements is
+    ambiguous)."""
+    if -1 not in target:
+        return target
+    copied = {i for i, entry in enumerate(target) if entry == 0}
+    rest = [d for i, d in enumerate(dims) if i not in copied]
+    known = [entry for entry in target if entry > 0]
+    if not all(isinstance(d, int) for d in rest):
+        return target
+    total, part = int(np.prod(rest, dtype=np.int64)), int(np.prod(known, dtype=np.int64))
+    if part == 0 or total % part:
+        return target
+    return [total // part if entry == -1 else entry for entry in target]
+
+
+def _expand_own_dims(entries: list[int | str], dims: list[object]) -> list[int] | None:
+    """1 where the entry is the input's dimension it broadcasts with (shapes align at
+    their last axis): ``max(d, 1)`` broadcasting gives back ``d``, 0 included."""
+    offset = len(entries) - len(dims)
+    if offset < 0:
+        return None
+    target: list[int] = []
+    for position, entry in enumerate(entries):
+        if isinstance(entry, int):
+            target.append(entry)
+        elif position >= offset and _same_dim(entry, dims[position - offset]):
+            target.append(1)
+        else:
+            return None
+    return target if any(isinstance(e, str) for e in entries) else None
+
+
+def _shape_entries(shape: ir.Value) -> list[int | str] | None:
+    """A computed shape's entries: integers and symbolic dimension names, from a Concat of
+    constants and ``Shape`` slices (or one slice); None for anything else."""
+    producer = shape.producer()
+    if producer is None or producer.domain not in ("", "ai.onnx"):
+        return None
+    if producer.op_type == "Concat":
+        pieces = list(producer.inputs)
+    elif producer.op_type == "Shape":
+        pieces = [shape]
+    else:
+        return None
+    entries: list[int | str] = []
+    for piece in pieces:
+        found = _piece_entries(piece)
+        if found is None:
+            return None
+        entries.extend(found)
+    return entries
+
+
+def _piece_entries(piece: ir.Value | None) -> list[int | str] | None:
+    """One piece of a computed shape: integers (a constant, or a static dimension) and
+    symbolic dimension names (from a ``Shape`` slice); None when it is neither."""
+    if piece is None:
+        return None
+    constant = ir.convenience.get_const_tensor(piece)
+    if constant is not None:
+        array = constant.numpy()
+        return [int(v) for v in array.reshape(-1)] if array.ndim <= 1 else None
+    span = _shape_span(piece)
+    if span is None:
+        return None
+    source, start, end = span
+    if source.shape is None:
+        return None
+    entries: list[int | str] = []
+    for dim in list(source.shape)[start:end]:
+        if isinstance(dim, int):
+            entries.append(dim)
+        elif _named(dim):
+            entries.append(str(dim))
+        else:
+            return None
+    return entries
+
+
+def _remove_dead_size_nodes(graph: ir.Graph) -> None:
+    """The shape arithmetic no one reads after a rewrite (a Concat, its Shape and Constants)."""
+    for node in reversed(list(graph)):
+        if node.op_type in SHAPE_ARITHMETIC and node.domain in ("", "ai.onnx") and not any(
+                v.uses() or v.is_graph_output() for v in node.outputs):
+            graph.remove(node, safe=True)
+
+
+class SimplifyOwnSizes(EmitPass):
+    """In every function body (where the sizes are computed): :func:`merge_shape_slices`,
+    then :func:`copy_own_dims`."""
 
     def run(self, model: ir.Model) -> None:
         for function in model.functions.values():
             merge_shape_slices(function.graph)
+            copy_own_dims(function.graph)

@@ -47,3 +47,36 @@ def test_ort_optimizes_the_hierarchical_file_to_the_flat_files_graph(
     # GPT-2: its attention ends in a view and c_proj starts with one; ORT fuses the pair only
     # with allowzero=0 (emit/optimize.plain_reshapes), one Reshape per layer before
     assert _optimized_ops(hierarchical) == _optimized_ops(flat)
+
+
+_SHAPE_OPS = {"Shape", "Concat", "Reshape"}
+#: Add + LayerNormalization ORT fuses to SkipLayerNormalization only when it knows both
+#: inputs' symbolic dims; a function's value_info does not survive ORT's inlining and a
+#: Slice or Expand with a computed size (BERT's position ids and mask) loses the names.
+_SKIP_FUSION = {"Add", "LayerNormalization", "SkipLayerNormalization"}
+
+
+@pytest.mark.parametrize("build, shape_nodes_per_layer, fusions_missed", [
+    (models.llama, 1, 0), (models.gpt2, 6, 1), (models.bert, 0, 4)],
+    ids=["llama", "gpt2", "bert"])
+def test_under_dynamic_shapes_only_the_bodies_own_sizes_remain(
+        build: Callable[[int], tuple[torch.nn.Module, tuple]], shape_nodes_per_layer: int,
+        fusions_missed: int, tmp_path: Path) -> None:
+    """Dynamic batch and sequence: each body computes its sizes from its own activations
+    (emit/sizes), and a Reshape to its input's own leading dimensions copies them
+    (``[0, 0, 4, 8]``) and an Expand keeps them (``[1, 2, 2, 1, 8]``), so after ORT's
+    optimization the two files hold the same compute operators, the hierarchical one a few
+    shape nodes more per layer: Llama 1 (its attention's two one-dimension Shapes, one
+    Concat fewer), GPT-2 a Shape and a Concat per Conv1D call (the size of its output,
+    from a 2-D Gemm: nothing to copy), less what the root's own sizes save."""
+    model, inputs = build(2)
+    dims = {0: torch.export.Dim("batch", min=1, max=32), 1: torch.export.Dim("seq", min=2, max=32)}
+    hierarchical, flat = tmp_path / "hier.onnx", tmp_path / "flat.onnx"
+    om.export(model, inputs, dynamic_shapes=(dims,)).save(hierarchical)
+    with quiet_torch_onnx(), torch.no_grad():
+        torch.onnx.export(model, inputs, dynamic_shapes=(dims,), dynamo=True).save(str(flat))
+    ours, theirs = _optimized_ops(hierarchical), _optimized_ops(flat)
+    differ = {op: ours[op] - theirs[op] for op in set(ours) | set(theirs) if ours[op] != theirs[op]}
+    assert set(differ) <= _SHAPE_OPS | _SKIP_FUSION, differ
+    assert differ.get("SkipLayerNormalization", 0) == -fusions_missed, differ
+    assert sum(differ.get(op, 0) for op in _SHAPE_OPS) <= shape_nodes_per_layer * 2, differ

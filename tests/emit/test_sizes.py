@@ -209,3 +209,93 @@ def test_unknown_dimensions_match_nothing() -> None:
     shape.outputs[0].type = ir.TensorType(ir.DataType.INT64)
     shape.outputs[0].shape = ir.Shape([1])
     assert derive(shape.outputs[0], [(x, x)], "s") is None
+
+
+def _heads_reshape(source_dims: list[object], *, start: int = 0, end: int = 2,
+                   allowzero: int = 1, tail: tuple[int, ...] = (-1, 2)) -> tuple[ir.Graph, ir.Node]:
+    """``Reshape(Relu(x), Concat(Shape(a, start, end), tail))``, x: [b, s, 4] -- the split
+    into heads of an attention whose sizes its body computes from its own input ``a``."""
+    x, a = _dynamic("x", ["b", "s", 4]), _dynamic("a", source_dims)
+    relu = ir.node("Relu", [x], name="relu")
+    relu.outputs[0].name, relu.outputs[0].type = "h", FLOAT
+    relu.outputs[0].shape = ir.Shape([ir.SymbolicDim("b"), ir.SymbolicDim("s"), 4])
+    shape = ir.node("Shape", [a], attributes={"start": start, "end": end}, name="shape")
+    rest = ir.node("Constant", [], attributes={
+        "value": ir.tensor(np.array(tail, dtype=np.int64))}, name="rest")
+    concat = ir.node("Concat", [shape.outputs[0], rest.outputs[0]], attributes={"axis": 0},
+                     name="concat")
+    reshape = ir.node("Reshape", [relu.outputs[0], concat.outputs[0]],
+                      attributes={"allowzero": allowzero}, name="reshape")
+    for node in (shape, rest, concat, reshape):
+        node.outputs[0].name = f"{node.name}_out"
+    graph = ir.Graph([x, a], [reshape.outputs[0]], nodes=[relu, shape, rest, concat, reshape],
+                     opset_imports={"": 18}, name="g")
+    return graph, reshape
+
+
+def test_a_reshape_to_its_own_leading_dimensions_copies_them() -> None:
+    """Sizes read from another activation with the same symbolic dimensions become 0s
+    (copy the input's dimension): a constant shape ONNX Runtime infers after inlining,
+    without the Shape and Concat; the same numbers at other sizes."""
+    from onnx_modular.emit.sizes import copy_own_dims
+
+    graph, reshape = _heads_reshape(["b", "s", 4])
+    assert copy_own_dims(graph) == 1
+    assert ir.convenience.get_const_tensor(reshape.inputs[1]).numpy().tolist() == [0, 0, 2, 2]
+    assert reshape.attributes.get_int("allowzero") == 0
+    assert sorted(n.op_type for n in graph) == ["Constant", "Relu", "Reshape"]
+    for b, s in [(3, 5), (1, 1), (0, 2)]:
+        x = np.random.default_rng(0).standard_normal((b, s, 4)).astype(np.float32)
+        (got,) = run(ir.Model(graph, ir_version=10), x=x, a=np.zeros((b, s, 4), np.float32))
+        np.testing.assert_array_equal(got, np.maximum(x, 0).reshape(b, s, 2, 2))
+
+
+@pytest.mark.parametrize("source, kwargs", [
+    (["b", "t", 4], {}),                      # another sequence length: not x's dimension
+    (["s", "b", 4], {}),                      # x's dimensions, at other positions
+    (["b", "s", 4], {"start": 1, "end": 3}),  # s, 4 at positions 0 and 1
+    (["b", "s", 4], {"tail": (0, 2)}),        # a literal 0 under allowzero=1: an empty axis
+    ([None, "s", 4], {}),                     # an unknown dimension equals nothing
+], ids=["other-size", "other-position", "shifted", "literal-zero", "unknown"])
+def test_a_reshape_whose_sizes_are_not_its_own_is_left_alone(source: list[object],
+                                                             kwargs: dict) -> None:
+    from onnx_modular.emit.sizes import copy_own_dims
+
+    graph, reshape = _heads_reshape(source, **kwargs)
+    before = [n.op_type for n in graph]
+    assert copy_own_dims(graph) == 0
+    assert [n.op_type for n in graph] == before and reshape.inputs[1].name == "concat_out"
+
+
+def test_an_expand_to_its_own_dimensions_keeps_them() -> None:
+    """Llama's repeat_kv: ``Expand(k[b, 2, 1, s, 8], Concat(b, [2, 2], s, [8]))`` with ``b``
+    and ``s`` read off another activation -> ``Expand(k, [1, 2, 2, 1, 8])``: broadcasting
+    against 1 keeps the dimension (0 too); a size at another axis is left alone."""
+    from onnx_modular.emit.sizes import copy_own_dims
+
+    def graph_for(source: list[object]) -> tuple[ir.Graph, ir.Node]:
+        k, a = _dynamic("k", ["b", 2, 1, "s", 8]), _dynamic("a", source)
+        first = ir.node("Shape", [a], attributes={"start": 0, "end": 1}, name="first")
+        second = ir.node("Shape", [a], attributes={"start": 1, "end": 2}, name="second")
+        mid = ir.node("Constant", [], attributes={
+            "value": ir.tensor(np.array([2, 2], dtype=np.int64))}, name="mid")
+        last = ir.node("Constant", [], attributes={
+            "value": ir.tensor(np.array([8], dtype=np.int64))}, name="last")
+        concat = ir.node("Concat", [first.outputs[0], mid.outputs[0], second.outputs[0],
+                                    last.outputs[0]], attributes={"axis": 0}, name="concat")
+        expand = ir.node("Expand", [k, concat.outputs[0]], name="expand")
+        nodes = [first, second, mid, last, concat, expand]
+        for node in nodes:
+            node.outputs[0].name = f"{node.name}_out"
+        return ir.Graph([k, a], [expand.outputs[0]], nodes=nodes, opset_imports={"": 18}), expand
+
+    graph, expand = graph_for(["b", "s", 32])
+    assert copy_own_dims(graph) == 1
+    assert ir.convenience.get_const_tensor(expand.inputs[1]).numpy().tolist() == [1, 2, 2, 1, 8]
+    assert sorted(n.op_type for n in graph) == ["Constant", "Expand"]
+    for b, s in [(3, 5), (0, 4), (2, 0)]:
+        k = np.random.default_rng(1).standard_normal((b, 2, 1, s, 8)).astype(np.float32)
+        (got,) = run(ir.Model(graph, ir_version=10), k=k, a=np.zeros((b, s, 32), np.float32))
+        np.testing.assert_array_equal(got, np.broadcast_to(k, (b, 2, 2, s, 8)))
+    graph, _ = graph_for(["s", "b", 32])  # b and s swapped: not k's dimensions there
+    assert copy_own_dims(graph) == 0
