@@ -322,18 +322,51 @@ def copy_own_dims(graph: ir.Graph) -> int:
 
 
 def _constant_own_dims(node: ir.Node) -> list[int] | None:
-    """The constant a Reshape's or Expand's computed shape equals, or None."""
+    """The constant a Reshape's or Expand's computed shape equals (or, for a Reshape with
+    a constant shape, the one that says its -1), or None."""
     if (node.op_type not in ("Reshape", "Expand") or node.domain not in ("", "ai.onnx")
             or len(node.inputs) < 2 or node.inputs[0] is None or node.inputs[1] is None
-            or node.inputs[1].const_value is not None or node.inputs[0].shape is None):
+            or node.inputs[0].shape is None):
         return None
+    dims = list(node.inputs[0].shape)
+    constant = ir.convenience.get_const_tensor(node.inputs[1])
+    if constant is not None:
+        if node.op_type != "Reshape" or constant.numpy().ndim != 1:
+            return None
+        return _minus_one_as_copy([int(v) for v in constant.numpy()], dims,
+                                  node.attributes.get_int("allowzero", 0))
     entries = _shape_entries(node.inputs[1])
     if entries is None:
         return None
-    dims = list(node.inputs[0].shape)
     if node.op_type == "Expand":
         return _expand_own_dims(entries, dims)
     return _reshape_own_dims(entries, dims, node.attributes.get_int("allowzero", 0))
+
+
+def _minus_one_as_copy(target: list[int], dims: list[object], allowzero: int
+                       ) -> list[int] | None:
+    """``[-1, 17, 4, 8]`` of a ``[b, 17, 32]`` input -> ``[0, 17, 4, 8]``: the -1 stands
+    for the input's one symbolic dimension at its position, the other sizes being static
+    and accounting for every other element. ONNX shape inference cannot name a -1 of a
+    symbolic size (ViT's heads split loses the batch name, and with it ORT's last
+    ``SkipLayerNormalization`` fusion); a copy it can, and an empty batch reshapes too."""
+    if (allowzero == 1 and 0 in target) or target.count(-1) != 1:
+        return None
+    symbolic = [i for i, d in enumerate(dims) if not isinstance(d, int)]
+    i = target.index(-1)
+    if symbolic != [i] or not _named(dims[i]) or any(e < 0 for j, e in enumerate(target)
+                                                     if j != i):
+        return None
+    others = [d for j, d in enumerate(dims) if j != i]
+    rest = [e for j, e in enumerate(target) if j != i and e != 0]
+    copied = [dims[j] if j < len(dims) else None for j, e in enumerate(target)
+              if j != i and e == 0]
+    if not all(isinstance(d, int) for d in copied):
+        return None
+    total = int(np.prod(others, dtype=np.int64))
+    if total != int(np.prod(rest, dtype=np.int64)) * int(np.prod(copied, dtype=np.int64)):
+        return None
+    return [0 if j == i else e for j, e in enumerate(target)]
 
 
 def _same_dim(entry: int | str, dim: object) -> bool:

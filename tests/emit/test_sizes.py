@@ -299,3 +299,35 @@ def test_an_expand_to_its_own_dimensions_keeps_them() -> None:
         np.testing.assert_array_equal(got, np.broadcast_to(k, (b, 2, 2, s, 8)))
     graph, _ = graph_for(["s", "b", 32])  # b and s swapped: not k's dimensions there
     assert copy_own_dims(graph) == 0
+
+
+@pytest.mark.parametrize("dims, target, expected", [
+    (["b", 17, 32], [-1, 17, 4, 8], [0, 17, 4, 8]),   # ViT's heads: the -1 is the batch
+    (["b", 17, 32], [-1, 4, 8], None),                # the -1 is b * 17: no copy says it
+    (["b", "s", 32], [-1, 4, 8], None),               # two symbolic sizes in one -1
+    (["b", 17, 32], [17, -1, 32], None),              # the batch at another position
+    ([2, 17, 32], [-1, 17, 4, 8], None),              # static: inference reads the -1
+], ids=["batch", "merged", "two-symbols", "moved", "static"])
+def test_a_minus_one_standing_for_the_inputs_own_dimension_becomes_a_copy(
+        dims: list[object], target: list[int], expected: list[int] | None) -> None:
+    from onnx_modular.emit.sizes import copy_own_dims
+
+    x = _dynamic("x", dims)
+    relu = ir.node("Relu", [x], name="relu")
+    relu.outputs[0].name, relu.outputs[0].type = "h", FLOAT
+    relu.outputs[0].shape = x.shape
+    shape = ir.node("Constant", [], attributes={
+        "value": ir.tensor(np.array(target, dtype=np.int64))}, name="shape")
+    shape.outputs[0].name = "shape_out"
+    reshape = ir.node("Reshape", [relu.outputs[0], shape.outputs[0]], name="reshape")
+    reshape.outputs[0].name = "y"
+    graph = ir.Graph([x], [reshape.outputs[0]], nodes=[relu, shape, reshape],
+                     opset_imports={"": 18})
+    assert copy_own_dims(graph) == (expected is not None)
+    got = ir.convenience.get_const_tensor(reshape.inputs[1]).numpy().tolist()
+    assert got == (expected or target)
+    if expected is not None:
+        for batch in (3, 0):
+            feed = np.random.default_rng(2).standard_normal([batch, 17, 32]).astype(np.float32)
+            (out,) = run(ir.Model(graph, ir_version=10), x=feed)
+            np.testing.assert_array_equal(out, np.maximum(feed, 0).reshape(batch, 17, 4, 8))
