@@ -16,7 +16,6 @@ Usage: python scripts/bench_ort_parity.py [--models gpt2 llama] [--layers 4] [--
 from __future__ import annotations
 
 import argparse
-import collections
 import logging
 import sys
 import tempfile
@@ -24,7 +23,6 @@ import time
 import warnings
 from pathlib import Path
 
-import onnx
 import onnxruntime as ort
 import torch
 
@@ -33,16 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import onnx_modular as om
 from onnx_modular.lower.translate import quiet_torch_onnx
 from tests import models
-
-
-def _optimized_ops(path: Path) -> collections.Counter[str]:
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-    options.optimized_model_filepath = str(path.with_suffix(".opt.onnx"))
-    options.log_severity_level = 4
-    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    model = onnx.load(str(path.with_suffix(".opt.onnx")))
-    return collections.Counter(n.op_type for n in model.graph.node)
+from tests.ort_offline import optimized_ops
 
 
 def _session_seconds(path: Path, runs: int) -> float:
@@ -94,7 +83,7 @@ def main() -> None:
                 with quiet_torch_onnx(), torch.no_grad():
                     torch.onnx.export(model, inputs, dynamic_shapes=shapes,
                                       dynamo=True).save(str(flat))
-                a, b = _optimized_ops(hier), _optimized_ops(flat)
+                a, b = optimized_ops(hier), optimized_ops(flat)
                 differ = {k: a[k] - b[k] for k in sorted(set(a) | set(b)) if a[k] != b[k]}
                 ratio = _session_seconds(hier, args.runs) / _session_seconds(flat, args.runs)
                 extra = (sum(a.values()) - sum(b.values())) / args.layers

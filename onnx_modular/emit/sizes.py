@@ -263,10 +263,7 @@ def merge_shape_slices(graph: ir.Graph) -> int:
                 graph.outputs[i] = new
         graph.remove(node, safe=True)
     if merged:
-        for node in reversed(list(graph)):  # the one-dimension slices no one reads now
-            if node.op_type == "Shape" and not any(v.uses() or v.is_graph_output()
-                                                   for v in node.outputs):
-                graph.remove(node, safe=True)
+        _remove_dead_size_nodes(graph)  # the one-dimension slices no one reads now
     return merged
 
 
@@ -350,21 +347,15 @@ def _minus_one_as_copy(target: list[int], dims: list[object], allowzero: int
     and accounting for every other element. ONNX shape inference cannot name a -1 of a
     symbolic size (ViT's heads split loses the batch name, and with it ORT's last
     ``SkipLayerNormalization`` fusion); a copy it can, and an empty batch reshapes too."""
-    if (allowzero == 1 and 0 in target) or target.count(-1) != 1:
+    if target.count(-1) != 1 or (allowzero == 1 and 0 in target):
         return None
-    symbolic = [i for i, d in enumerate(dims) if not isinstance(d, int)]
     i = target.index(-1)
-    if symbolic != [i] or not _named(dims[i]) or any(e < 0 for j, e in enumerate(target)
-                                                     if j != i):
+    symbolic = [j for j, d in enumerate(dims) if not isinstance(d, int)]
+    rest = [e for j, e in enumerate(target) if j != i]
+    if symbolic != [i] or not _named(dims[i]) or any(e <= 0 for e in rest):
         return None
     others = [d for j, d in enumerate(dims) if j != i]
-    rest = [e for j, e in enumerate(target) if j != i and e != 0]
-    copied = [dims[j] if j < len(dims) else None for j, e in enumerate(target)
-              if j != i and e == 0]
-    if not all(isinstance(d, int) for d in copied):
-        return None
-    total = int(np.prod(others, dtype=np.int64))
-    if total != int(np.prod(rest, dtype=np.int64)) * int(np.prod(copied, dtype=np.int64)):
+    if int(np.prod(others, dtype=np.int64)) != int(np.prod(rest, dtype=np.int64)):
         return None
     return [0 if j == i else e for j, e in enumerate(target)]
 

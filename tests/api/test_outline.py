@@ -28,6 +28,7 @@ import onnx_modular as om
 from onnx_modular.diagnostics import OnnxModularError
 from onnx_modular.lower.translate import quiet_torch_onnx
 from tests import models
+from tests.ort_offline import optimize_offline
 
 #: every test here exports or runs a model (seconds): the slow layer
 pytestmark = [pytest.mark.filterwarnings("ignore"), pytest.mark.slow]
@@ -242,10 +243,7 @@ def _version_converter(src: Path, dst: Path, feeds: dict) -> Path | None:
 
 
 def _ort_offline(src: Path, dst: Path, feeds: dict) -> Path | None:
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-    options.optimized_model_filepath = str(dst)
-    ort.InferenceSession(str(src), options, providers=["CPUExecutionProvider"])
+    optimize_offline(src, dst)
     return src
 
 

@@ -12,24 +12,19 @@ from collections.abc import Callable
 from pathlib import Path
 
 import onnx
-import onnxruntime as ort
 import pytest
 import torch
 
 import onnx_modular as om
 from onnx_modular.lower.translate import quiet_torch_onnx
 from tests import models
+from tests.ort_offline import optimized_model
 
 pytestmark = pytest.mark.slow
 
 
 def _optimized_ops(path: Path) -> collections.Counter[str]:
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-    options.optimized_model_filepath = str(path.with_suffix(".opt.onnx"))
-    options.log_severity_level = 3
-    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    optimized = onnx.load(str(path.with_suffix(".opt.onnx")))
+    optimized = optimized_model(path)
     assert not optimized.functions  # ORT inlined every call
     return collections.Counter(n.op_type for n in optimized.graph.node)
 
