@@ -5,6 +5,8 @@
 from onnx_modular.leaves import _safepath as _safepath  # isort: skip
 # Then, for the command line only: Ctrl-C while torch imports exits quietly (130).
 from onnx_modular.leaves import _interrupt as _interrupt  # isort: skip
+# An older torch says so in one line rather than failing inside some import.
+from onnx_modular.leaves import _torch_guard as _torch_guard  # isort: skip
 from onnx_modular.api.export import ExportResult, export
 from onnx_modular.api.hook import HookedExport, HookSession, HookWarning, hook
 from onnx_modular.api.outline import outline
