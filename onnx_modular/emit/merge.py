@@ -85,6 +85,40 @@ def _follow_merges(report: OutlineReport, original: Mapping[str, ir.Function],
                                for call, name in report.function_of_call.items()}
 
 
+#: The input types and shapes one call of a function passes (symbolic dimensions by name);
+#: None where a type is not known.
+Signature = tuple[tuple[object, tuple[str, ...] | None], ...] | None
+
+
+def _signature(function: ir.Function) -> Signature:
+    if any(value.type is None for value in function.inputs):
+        return None
+    return tuple((value.type, None if value.shape is None else tuple(map(str, value.shape)))
+                 for value in function.inputs)
+
+
+class Signatures:
+    """The input signatures each function serves: its own as outlined, then those of the
+    functions merged into it. A merged function's recorded types are dropped, so they are
+    read once, before the first merge."""
+
+    def __init__(self, model: ir.Model) -> None:
+        self._served: dict[int, tuple[ir.Function, set[Signature]]] = {
+            id(f): (f, {_signature(f)}) for f in model.functions.values()}
+
+    def of(self, function: ir.Function) -> set[Signature]:
+        entry = self._served.get(id(function))
+        return entry[1] if entry is not None and entry[0] is function else {None}
+
+    def merge(self, gone: ir.Function, kept: ir.Function) -> None:
+        self._served[id(kept)] = (kept, self.of(kept) | self.of(gone))
+
+    def covers(self, full: ir.Function, small: ir.Function) -> bool:
+        """Every call of ``small`` passes what some call of ``full`` passes (all known)."""
+        mine, theirs = self.of(small), self.of(full)
+        return None not in mine and None not in theirs and mine <= theirs
+
+
 class MergeRound(EmitPass):
     """One round of :func:`merge_equal_functions`: equal keys first; when none, a function
     into its fuller sibling; when none, scalar variants. Reports a change exactly when it
@@ -94,13 +128,16 @@ class MergeRound(EmitPass):
         super().__init__()
         self.target: dict[int, ir.Function] = {}
         self.merged = 0
+        self.signatures: Signatures | None = None
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        kept_for = _merge_equal_keys(model, self.target)
+        if self.signatures is None:
+            self.signatures = Signatures(model)
+        kept_for = _merge_equal_keys(model, self.target, self.signatures)
         if not kept_for:
-            kept_for = _merge_unused_outputs(model, self.target)
+            kept_for = _merge_unused_outputs(model, self.target, self.signatures)
         if not kept_for:
-            kept_for = _merge_parametrized(model, self.target)
+            kept_for = _merge_parametrized(model, self.target, self.signatures)
         self.merged += len(kept_for)
         return ir.passes.PassResult(model, modified=bool(kept_for))
 
@@ -121,7 +158,7 @@ class MergeEqualFunctions(EmitPass):
         ensure_calls_resolve(self, model)
 
 
-def _merge_equal_keys(model: ir.Model, target: dict[int, ir.Function]
+def _merge_equal_keys(model: ir.Model, target: dict[int, ir.Function], signatures: Signatures
                       ) -> dict[ir.OperatorIdentifier, ir.Function]:
     """Functions of one class whose bodies (shapes left out) are equal: the first is kept."""
     first: dict[tuple[str, str | None, str], ir.Function] = {}
@@ -133,6 +170,7 @@ def _merge_equal_keys(model: ir.Model, target: dict[int, ir.Function]
         if kept is not function:
             kept_for[identifier] = kept
             target[id(function)] = kept
+            signatures.merge(function, kept)
             _drop_value_types(kept)
     for identifier in kept_for:
         del model.functions[identifier]
@@ -141,25 +179,31 @@ def _merge_equal_keys(model: ir.Model, target: dict[int, ir.Function]
     return kept_for
 
 
-def _merge_parametrized(model: ir.Model, target: dict[int, ir.Function]
-                        ) -> dict[ir.OperatorIdentifier, ir.Function]:
+def _merge_parametrized(model: ir.Model, target: dict[int, ir.Function],
+                        signatures: Signatures) -> dict[ir.OperatorIdentifier, ir.Function]:
     """Bodies of one class that differ only in float scalars: one function with attributes
     (:mod:`.parametrize`)."""
     kept_for: dict[ir.OperatorIdentifier, ir.Function] = {}
     for gone, kept in merge_scalar_variants(model):
         target[id(gone)] = kept
         kept_for[gone.identifier()] = kept
+        signatures.merge(gone, kept)
         _drop_value_types(kept)
     return kept_for
 
 
-def _merge_unused_outputs(model: ir.Model, target: dict[int, ir.Function]
-                          ) -> dict[ir.OperatorIdentifier, ir.Function]:
+def _merge_unused_outputs(model: ir.Model, target: dict[int, ir.Function],
+                          signatures: Signatures) -> dict[ir.OperatorIdentifier, ir.Function]:
     """A call whose caller ignores some outputs loses them (and what computes only them)
     before outlining, so its body looks like a new prototype (Flux's last single block).
     Such a function is merged into the function of its class it is a part of: the body that,
     with only some of its outputs kept, is the same. Its calls take the fuller function and
     leave the extra outputs unused. One merge per call, then equal keys are compared again.
+
+    Only where the fuller function was built for the same input shapes: its extra outputs'
+    nodes still run (ONNX Runtime does not skip them), and a body made for other shapes
+    may hold sizes of its own (a Reshape to ``[0, 0, 4, 8]`` of a 32-wide input) that fail
+    on this call's input.
     """
     by_class: dict[tuple[str, str | None], list[ir.Function]] = {}
     for function in model.functions.values():
@@ -169,12 +213,14 @@ def _merge_unused_outputs(model: ir.Model, target: dict[int, ir.Function]
             key = graph_key(small.graph, signature=False)
             for full in functions:
                 if full is small or len(full.outputs) <= len(small.outputs) \
-                        or len(full.inputs) != len(small.inputs):
+                        or len(full.inputs) != len(small.inputs) \
+                        or not signatures.covers(full, small):
                     continue
                 kept = _outputs_matching(full, small, key)
                 if kept is None:
                     continue
                 target[id(small)] = full
+                signatures.merge(small, full)
                 _drop_value_types(full)
                 del model.functions[small.identifier()]
                 _widen_calls(model, small, full, kept)

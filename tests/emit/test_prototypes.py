@@ -392,6 +392,67 @@ def test_an_ignored_output_does_not_split_the_prototype() -> None:
     assert om.validate(model, args, result, providers="cpu").ok
 
 
+class TwoViews(nn.Module):
+    """A sum, and the input cut into 8-wide heads: the second output's Reshape holds the
+    input's width."""
+
+    def __init__(self, static: bool) -> None:
+        super().__init__()
+        self.static = static
+
+    def forward(self, x: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.static:
+            return x.sum(-1) * 2, x.view(x.size(0), x.size(1), x.size(2) // 8, 8)
+        return x.sum(-1) * 2, x.reshape(m.size(0), m.size(1), -1, 8)
+
+
+class NarrowAndWide(nn.Module):
+    """The wide call ignores its heads: its pruned body is a part of the narrow one's."""
+
+    def __init__(self, static: bool) -> None:
+        super().__init__()
+        self.narrow, self.wide = TwoViews(static), TwoViews(static)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, m: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        p, heads = self.narrow(x, m)
+        q, _ = self.wide(y, m)
+        return p + q, heads
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_fuller_body_made_for_other_shapes_is_not_shared(dynamic: bool) -> None:
+    """The ignored outputs' nodes of a shared fuller body still run: made for a 32-wide input
+    (``Reshape`` to 4 heads of 8), they failed in ONNX Runtime on the 64-wide call, at every
+    size. Bodies made for other input shapes stay apart."""
+    torch.manual_seed(0)
+    model = NarrowAndWide(static=not dynamic).eval()
+
+    def inputs(b: int, s: int) -> tuple[torch.Tensor, ...]:
+        return torch.randn(b, s, 32), torch.randn(b, s, 64), torch.randn(b, s)
+
+    args = inputs(3, 5)
+    dims = {0: torch.export.Dim("b", min=1, max=16), 1: torch.export.Dim("s", min=2, max=32)}
+    result = om.export(model, args, dynamic_shapes=(dims,) * 3 if dynamic else None)
+    assert calls_of(result, "TwoViews") == {"TwoViews": 1, "TwoViews_1": 1}
+    session = ort_session(result.model_proto)
+    for size in ([(3, 5), (1, 2), (4, 9)] if dynamic else [(3, 5)]):
+        feeds = inputs(*size)
+        expected = model(*feeds)
+        got = session.run(None, {i.name: t.numpy() for i, t in zip(session.get_inputs(), feeds)})
+        for e, g in zip(expected, got, strict=True):
+            assert float(abs(e.numpy() - g).max()) < 1e-4
+    assert om.validate(model, args, result, providers="cpu").ok
+
+
+def ort_session(proto: onnx.ModelProto):
+    import onnxruntime
+
+    return onnxruntime.InferenceSession(proto.SerializeToString(),
+                                        providers=["CPUExecutionProvider"])
+
+
 class Branchy(nn.Module):
     def __init__(self, bad: bool) -> None:
         super().__init__()
