@@ -9,10 +9,11 @@ models (:class:`~onnx_modular.parts.runner.SplitRunner`). ``validate``, ``compar
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any, Protocol, TypeAlias, TypeVar
 
@@ -24,7 +25,7 @@ from onnx_modular.check.recorder import TorchCall, record_calls
 from onnx_modular.diagnostics import OnnxModularError
 from onnx_modular.leaves import runtime
 from onnx_modular.leaves._checkpoint import Checkpoint, bound_weights
-from onnx_modular.leaves._compat import tree_leaves, tree_map
+from onnx_modular.leaves._compat import tensor_version, tree_leaves, tree_map
 from onnx_modular.leaves.errors import fail
 from onnx_modular.parts.runner import SplitRunner
 
@@ -67,12 +68,35 @@ def snapshot(value: Any) -> Any:
     return tree_map(lambda x: x.detach().clone() if isinstance(x, torch.Tensor) else x, value)
 
 
+@contextlib.contextmanager
+def buffers_restored(model: Any) -> Iterator[None]:
+    """A forward that updates its buffers (a running statistic, a step counter, a cache)
+    leaves them as they were: checking a model must not change it, and each run (another
+    provider, the localization's recording run) starts from the state the file holds."""
+    if not isinstance(model, torch.nn.Module):
+        yield
+        return
+    saved = [(module, name, buffer, tensor_version(buffer), buffer.detach().clone())
+             for module in model.modules() for name, buffer in module._buffers.items()
+             if buffer is not None]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for module, name, buffer, version, copy in saved:
+                if module._buffers.get(name) is not buffer:  # reassigned, not updated
+                    module._buffers[name] = buffer
+                if tensor_version(buffer) != version:
+                    buffer.copy_(copy)
+
+
 class TorchRunner:
     """Torch eager, the reference: a module, an ``ExportedProgram`` or a plain callable.
 
-    Each run reads a fresh copy of the inputs (a forward that changes them in place must not
-    change what a second run sees); ``weights``, the checkpoint of a model on the meta
-    device, is bound only while a run lasts. A failure of the model is a one-line error.
+    Each run reads a fresh copy of the inputs and leaves the model's buffers as it found them
+    (a forward that changes either in place must not change what a second run sees);
+    ``weights``, the checkpoint of a model on the meta device, is bound only while a run
+    lasts. A failure of the model is a one-line error.
     """
 
     name = "torch"
@@ -115,7 +139,7 @@ class TorchRunner:
         target, modularized, record = self._target(record)
         args, kwargs = snapshot(inputs.args), snapshot(inputs.kwargs)
         calls = None
-        with torch.no_grad():
+        with torch.no_grad(), buffers_restored(target):
             try:
                 if record:
                     out, calls = record_calls(target, lambda: target(*args, **kwargs),

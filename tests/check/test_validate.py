@@ -505,3 +505,48 @@ def test_scalar_outputs_validate_with_the_right_verdict(localize: bool) -> None:
     assert not rep.ok
     failed = [c for c in rep.results[0].outputs if not c.ok]
     assert failed and failed[0].diff.max_abs > 1e-3, rep.summary()
+
+
+class RunningMean(nn.Module):
+    """Updates a buffer in place on every call, as a running statistic or a counter does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(4))
+        self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.mean.mul_(0.5).add_(x.mean(0))
+        self.steps += 1
+        return x + self.mean
+
+
+class Repeats(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stat = RunningMean()
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        outs = []
+        for _ in range(3):
+            x = self.stat(x)
+            outs.append(x)
+        return outs
+
+
+@pytest.mark.slow
+def test_validating_leaves_the_models_buffers_as_they_were() -> None:
+    """Each eager run updated the buffers the file holds as constants: the model changed
+    under the user, and the next check (another validate, the localization's recording run)
+    compared a different model, MISMATCH at ``stat``."""
+    torch.manual_seed(0)
+    model, args = Repeats().eval(), (torch.randn(2, 4),)
+    proto = _export(model, args)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    for localize in (False, True, False):
+        rep = om.validate(model, args, proto, providers="cpu", localize=localize)
+        assert rep.ok, rep.summary()
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    # a file holding other buffer values is still told apart
+    model.stat.mean.fill_(1.0)
+    assert not om.validate(model, args, proto, providers="cpu").ok
