@@ -98,8 +98,12 @@ class _Keyer:
 
     # -- attributes --------------------------------------------------------------------------
 
-    def _attr_key(self, attr: ir.Attr, outer: Mapping[ir.Value, Any]) -> Any:
-        if self.scalars and (is_scalar_attr(attr) or _is_scalar_ref(attr)):
+    def _attr_key(self, attr: ir.Attr, outer: Mapping[ir.Value, Any],
+                  scalars: bool | None = None) -> Any:
+        """``scalars`` (default: the key's own): a float scalar counts by kind only, where
+        :mod:`.parametrize` can give each call its own value."""
+        if (self.scalars if scalars is None else scalars) \
+                and (is_scalar_attr(attr) or _is_scalar_ref(attr)):
             return ("scalar", attr.type)
         if attr.is_ref():
             return ("ref", attr.ref_attr_name)
@@ -121,8 +125,10 @@ class _Keyer:
         # even where the enclosing graph's signature is left out. A subgraph's references to
         # enclosing values resolve by their keys there, not by names (an If branch of one
         # block reads `linear`, the same branch of the next block `linear_1`).
+        # Scalars count by value there: parametrizing reaches a body's own nodes only, and
+        # two bodies differing in an If branch's scale are two functions.
         sub = _Keyer(self.signature or "shape", self.order_free, self.fold,
-                     self.constant_limit, self.scalars)
+                     self.constant_limit, scalars=False)
         return sub.key(graph, outer, nested=True)
 
     # -- graphs ------------------------------------------------------------------------------
@@ -166,8 +172,10 @@ class _Keyer:
                     tokens[node.outputs[0]] = ("scalar",)
                     continue
                 folded = self._folded_constant(node) if self.fold else None
+                # by value: a scalar in another form (``value_float``) is no slot to
+                # parametrize
                 tokens[node.outputs[0]] = folded if folded is not None else (
-                    "const", tuple(sorted((k, self._attr_key(a, scope))
+                    "const", tuple(sorted((k, self._attr_key(a, scope, scalars=False))
                                           for k, a in node.attributes.items())))
                 continue
             inputs = tuple(token(v) for v in node.inputs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx_ir as ir
+import pytest
 
 from onnx_modular.emit.merge import merge_equal_functions
 from onnx_modular.emit.outline import outline
@@ -83,3 +84,67 @@ def test_merged_parents_merge_in_turn() -> None:
         m.functions[f.identifier()] = f
     assert merge_equal_functions(m) == 2
     assert sorted(f.name for f in m.functions.values()) == ["Act", "Block"]
+
+
+def _scale_model(values: list[float], *, in_branch: bool) -> ir.Model:
+    """Two functions of one class, ``y = x * c``, c differing: a ``Constant(value_float=)``
+    in the body, or a scale inside an ``If`` branch."""
+    import onnx
+    from onnx import helper as h
+
+    def body(name: str, v: float) -> onnx.FunctionProto:
+        if not in_branch:
+            nodes = [h.make_node("Constant", [], ["c"], value_float=v),
+                     h.make_node("Mul", ["x", "c"], ["y"])]
+        else:
+            out = h.make_tensor_value_info("t", onnx.TensorProto.FLOAT, None)
+            branch = h.make_graph(
+                [h.make_node("Constant", [], ["k"],
+                             value=h.make_tensor("k", onnx.TensorProto.FLOAT, [], [v])),
+                 h.make_node("Mul", ["x", "k"], ["t"])], "then", [], [out])
+            other = h.make_graph([h.make_node("Identity", ["x"], ["t"])], "else", [], [out])
+            nodes = [h.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+                     h.make_node("Constant", [], ["zero"], value_float=0.0),
+                     h.make_node("Greater", ["s", "zero"], ["p"]),
+                     h.make_node("If", ["p"], ["y"], then_branch=branch, else_branch=other)]
+        return h.make_function("pkg", name, ["x"], ["y"], nodes,
+                               opset_imports=[h.make_opsetid("", 18)], doc_string="Scale")
+
+    names = [f"F{i}" for i in range(len(values))]
+    graph = h.make_graph([h.make_node(n, ["x"], [f"y{i}"], domain="pkg")
+                          for i, n in enumerate(names)], "g",
+                         [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])],
+                         [h.make_tensor_value_info(f"y{i}", onnx.TensorProto.FLOAT, [2])
+                          for i in range(len(values))])
+    proto = h.make_model(graph, functions=[body(n, v) for n, v in zip(names, values)],
+                         opset_imports=[h.make_opsetid("", 18), h.make_opsetid("pkg", 1)])
+    return ir.serde.deserialize_model(proto)
+
+
+def _outputs(m: ir.Model) -> list[np.ndarray]:
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(ir.serde.serialize_model(m).SerializeToString(),
+                                           providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": np.ones(2, np.float32)})
+
+
+@pytest.mark.parametrize("in_branch", [False, True])
+def test_scalars_merging_cannot_make_per_call_are_compared_by_value(in_branch: bool) -> None:
+    """Merging bodies that differ in float scalars gives each call its value only for the
+    body's own ``Constant(value=)`` and attributes: a ``value_float`` Constant, or a scale
+    inside an If branch (a ``torch.cond`` of two instances), keyed by kind only, made every
+    call compute the first instance's value (2.0 where torch gave 3.0)."""
+    m = _scale_model([2.0, 3.0], in_branch=in_branch)
+    expected = _outputs(m)
+    assert merge_equal_functions(m) == 0
+    assert len(m.functions) == 2
+    got = _outputs(m)
+    assert [float(g[0]) for g in got] == [float(e[0]) for e in expected] == [2.0, 3.0]
+
+
+@pytest.mark.parametrize("in_branch", [False, True])
+def test_equal_scalars_in_those_places_still_merge(in_branch: bool) -> None:
+    m = _scale_model([2.0, 2.0], in_branch=in_branch)
+    assert merge_equal_functions(m) == 1
+    assert [float(g[0]) for g in _outputs(m)] == [2.0, 2.0]

@@ -446,6 +446,38 @@ def test_a_fuller_body_made_for_other_shapes_is_not_shared(dynamic: bool) -> Non
     assert om.validate(model, args, result, providers="cpu").ok
 
 
+class CondScale(nn.Module):
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cond(x.sum() > 0, lambda t: t * self.scale, lambda t: t - self.scale, (x,))
+
+
+class TwoScales(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = CondScale(2.0), CondScale(3.0)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.a(x), self.b(x)
+
+
+@pytest.mark.slow
+def test_instances_differing_in_a_branchs_scalar_compute_their_own() -> None:
+    """The scale lives in the If branches, which parametrizing does not reach: the two
+    instances were one function and ``b`` computed with 2.0 (|diff| 1.0), on either branch."""
+    model, x = TwoScales().eval(), torch.ones(2, 4)
+    result = om.export(model, (x,))
+    assert calls_of(result, "CondScale") == {"CondScale": 1, "CondScale_1": 1}
+    session = ort_session(result.model_proto)
+    for sample in (x, -x):
+        got = session.run(None, {session.get_inputs()[0].name: sample.numpy()})
+        for e, g in zip(model(sample), got, strict=True):
+            assert float(abs(e.numpy() - g).max()) == 0.0
+
+
 def ort_session(proto: onnx.ModelProto):
     import onnxruntime
 
