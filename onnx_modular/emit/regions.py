@@ -290,10 +290,7 @@ def single_model(model_graph: ir.Graph, regions: Sequence[RegionGraph]) -> ir.Mo
         _pool_functions(functions, region_model)
         rg = region_model.graph
         weights = list(rg.initializers.values())
-        for w in weights:
-            if w.name not in inits:
-                inits[w.name or ""] = ir.Value(name=w.name, shape=w.shape, type=w.type,
-                                               const_value=w.const_value)
+        passed = [_main_initializer(inits, w, region.name) for w in weights]
         fn_inputs, fn_outputs, nodes = list(rg.inputs) + weights, list(rg.outputs), list(rg)
         rg.initializers.clear()
         rg.inputs.clear()
@@ -313,8 +310,7 @@ def single_model(model_graph: ir.Graph, regions: Sequence[RegionGraph]) -> ir.Mo
         fn = ir.Function(SPLIT_DOMAIN, region.name, graph=fgraph, attributes=[])
         fn.doc_string = region.name  # never merged with another region's function
         functions[fn.identifier()] = fn
-        args = [env[v.name or ""] for v in region.model.graph.inputs]
-        args += [inits[w.name or ""] for w in weights]
+        args = [env[v.name or ""] for v in region.model.graph.inputs] + passed
         call = ir.Node(SPLIT_DOMAIN, region.name, args,
                        num_outputs=len(region.model.graph.outputs), name=region.name)
         call.metadata_props[REGION_KIND] = region.kind
@@ -331,6 +327,35 @@ def single_model(model_graph: ir.Graph, regions: Sequence[RegionGraph]) -> ir.Mo
                       producer_name="onnx_modular", functions=list(functions.values()))
     merge_equal_functions(single)
     return single
+
+
+def _main_initializer(inits: dict[str, ir.Value], weight: ir.Value, region: str) -> ir.Value:
+    """The main graph's initializer ``weight`` enters its region's call as: one per name for a
+    weight several regions read, but a name another region gave another value (each part's
+    translation numbers its own constants: ``val_8`` is ``[-1, 8]`` in one, ``7.0`` in the
+    next) gets one of its own, or the later region would compute with the earlier's."""
+    name = weight.name or ""
+    kept = inits.get(name)
+    if kept is not None and _same_tensor(kept, weight):
+        return kept
+    if kept is not None:
+        name = f"{name}__{region}"
+        k = 1
+        while name in inits:
+            name, k = f"{weight.name}__{region}_{k}", k + 1
+    inits[name] = ir.Value(name=name, shape=weight.shape, type=weight.type,
+                           const_value=weight.const_value)
+    return inits[name]
+
+
+def _same_tensor(a: ir.Value, b: ir.Value) -> bool:
+    x, y = a.const_value, b.const_value
+    if x is None or y is None:
+        return x is y
+    if x is y:
+        return True
+    return x.dtype == y.dtype and tuple(x.shape) == tuple(y.shape) \
+        and x.tobytes() == y.tobytes()
 
 
 def _pool_functions(functions: dict[ir.OperatorIdentifier, ir.Function],

@@ -171,8 +171,10 @@ class SplitRunner:
         arrays = self._flat_inputs(args, kwargs)
         as_torch = any(type(x).__module__.startswith("torch") for x in arrays)
         env: dict[str, Any] = {}
+        feeds = []  # what the input OrtValues read, without a copy
         for decl, value in zip(self.manifest["inputs"], arrays):
-            env[decl["name"]] = ort.OrtValue.ortvalue_from_numpy(runtime.to_feed(value))
+            feeds.append(runtime.to_feed(value))
+            env[decl["name"]] = ort.OrtValue.ortvalue_from_numpy(feeds[-1])
         for part in self.parts:
             if not part.get("outputs"):
                 continue  # a part whose result nobody reads (only checks): nothing to run
@@ -201,10 +203,19 @@ class SplitRunner:
             if out["name"] not in env:
                 raise fail(f"no part produces the model output '{out['name']}'",
                            rules.VALIDATION)
-            flat.append(env[out["name"]].numpy())
+            flat.append(_owned(env[out["name"]].numpy(), feeds))
         return self._structure(flat, as_torch)
 
     __call__ = run
+
+
+def _owned(array: np.ndarray, feeds: list[np.ndarray]) -> np.ndarray:
+    """An output that is an input passed through (``return y, x``) is a view of memory the
+    caller's tensor, or this run's contiguous copy of it, owns: it is copied, or it would
+    read freed memory once either is gone."""
+    if any(np.may_share_memory(array, feed) for feed in feeds):
+        return array.copy()
+    return array
 
 
 def _is_array(x: Any) -> bool:

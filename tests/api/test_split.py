@@ -368,3 +368,36 @@ def test_region_chains_keep_only_calls_inside_one_region():
     assert calls == {"layers.0.norm", "layers.0.fc"}
     for r, mapping in enumerate(per_region):
         assert set(mapping) == {n for n in result.regions[r].node_names if n in chains}
+
+
+class FlattenedTokens(nn.Module):
+    """Two Linears with a dynamic ``reshape(B * T, D)`` between them and a scale after:
+    each part's translation numbers its own constants (``val_8``), differently."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, tokens, width = x.shape
+        return self.b(self.a(x).reshape(batch * tokens, width)) * 7.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["stages", "regions"])
+def test_the_single_file_keeps_each_parts_own_constants(how: str, tmp_path) -> None:
+    """Initializers were pooled by name: the later part got the earlier part's ``val_8``
+    (``[-1, 8]`` where it had ``7.0``), and the single file did not load; had the types
+    agreed, it would have computed other numbers."""
+    torch.manual_seed(0)
+    model, x = FlattenedTokens().eval(), torch.randn(2, 5, 8)
+    dims = ({0: torch.export.Dim("B", max=8), 1: torch.export.Dim("T", max=32)},)
+    program = torch.export.export(model, (x,), dynamic_shapes=dims)
+    result = (om.split_stages(program, (x,), split_points={"b": "beginning"}) if how == "stages"
+              else om.split(program, (x,), support={"deny": ["aten.linear"]}))
+    result.save_single(tmp_path / "single.onnx")
+    session = ort.InferenceSession(str(tmp_path / "single.onnx"),
+                                   providers=["CPUExecutionProvider"])
+    for sample in (x, torch.randn(3, 7, 8)):
+        (got,) = session.run(None, {"x": sample.numpy()})
+        assert abs(got - model(sample).detach().numpy()).max() < 1e-5

@@ -198,3 +198,39 @@ def test_a_model_returning_none_beside_its_tensors_runs_from_its_parts(tmp_path)
     got = SplitRunner(tmp_path / "p", acc_providers="cpu").run(x)
     torch.testing.assert_close(got, model(x)[0], rtol=0, atol=1e-5)
     assert om.validate(model, (x,), tmp_path / "p", providers="cpu").ok
+
+
+class PassesThrough(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return torch.sin(self.fc(x)), x, y
+
+
+@pytest.mark.slow
+def test_an_input_returned_as_is_is_the_callers_values_after_the_call(tmp_path) -> None:
+    """Such an output read the memory of the caller's tensor (or of this run's contiguous
+    copy of it) without holding it: freed temporaries gave 1e5..1e28 in place of ``x``."""
+    import gc
+
+    torch.manual_seed(0)
+    model = PassesThrough().eval()
+    x, y = torch.randn(3, 8), torch.randn(3, 8)
+    om.split(model, (x, y), support={"deny": ["aten.sin"]}).save(tmp_path / "parts")
+    runner = SplitRunner(tmp_path / "parts", acc_providers="cpu")
+    for first in (x.clone(), torch.randn(8, 3).t(), x.clone()[:, :]):  # the 2nd: a copy fed
+        expected = first.clone()
+        out = runner.run(first, y.clone())
+        del first
+        gc.collect()
+        _ = [torch.full((3, 8), 7.0) for _ in range(50)]  # take the freed memory
+        assert torch.equal(out[1], expected) and torch.equal(out[2], y)
+    kept = torch.randn(8, 3).t()  # alive, not contiguous: the runner feeds a copy
+    out = runner.run(kept, y)
+    _ = [torch.full((3, 8), 7.0) for _ in range(50)]
+    assert torch.equal(out[1], kept)
+    out = runner.run(x, y)
+    x.zero_()  # the output is the value, not a view of the caller's tensor
+    assert not torch.equal(out[1], x)
