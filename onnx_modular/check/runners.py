@@ -77,15 +77,15 @@ def buffers_restored(model: Any) -> Iterator[None]:
         yield
         return
     saved = [(module, name, buffer, tensor_version(buffer), buffer.detach().clone())
-             for module in model.modules() for name, buffer in module._buffers.items()
-             if buffer is not None]
+             for module in model.modules()
+             for name, buffer in module.named_buffers(recurse=False)]
     try:
         yield
     finally:
         with torch.no_grad():
             for module, name, buffer, version, copy in saved:
-                if module._buffers.get(name) is not buffer:  # reassigned, not updated
-                    module._buffers[name] = buffer
+                if getattr(module, name, None) is not buffer:  # reassigned, not updated
+                    setattr(module, name, buffer)
                 if tensor_version(buffer) != version:
                     buffer.copy_(copy)
 

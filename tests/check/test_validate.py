@@ -517,7 +517,7 @@ class RunningMean(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.mean.mul_(0.5).add_(x.mean(0))
-        self.steps += 1
+        self.steps = self.steps + 1  # reassigned, where `mean` is updated in place
         return x + self.mean
 
 
