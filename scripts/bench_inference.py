@@ -67,10 +67,11 @@ def _other_size(inputs: tuple) -> tuple:
 def _eager(model: object, inputs: tuple) -> list[np.ndarray]:
     import torch
 
+    from onnx_modular.leaves._compat import tree_leaves
+
     with torch.no_grad():
         out = model(*inputs)
-    flat = torch.utils._pytree.tree_leaves(out)
-    return [t.numpy() for t in flat if isinstance(t, torch.Tensor)]
+    return [t.numpy() for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
 
 
 def save(directory: Path, names: list[str], layers: int) -> None:

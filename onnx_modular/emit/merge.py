@@ -87,14 +87,14 @@ def _follow_merges(report: OutlineReport, original: Mapping[str, ir.Function],
 
 #: The input types and shapes one call of a function passes (symbolic dimensions by name);
 #: None where a type is not known.
-Signature = tuple[tuple[object, tuple[str, ...] | None], ...] | None
+Signature = tuple[tuple[str, str], ...] | None
 
 
 def _signature(function: ir.Function) -> Signature:
+    """As outlining keys a body's inputs (``canonical``'s "shape" signature)."""
     if any(value.type is None for value in function.inputs):
         return None
-    return tuple((value.type, None if value.shape is None else tuple(map(str, value.shape)))
-                 for value in function.inputs)
+    return tuple((str(value.type), str(value.shape)) for value in function.inputs)
 
 
 class Signatures:
