@@ -109,8 +109,11 @@ def _parameters(group: Sequence[ir.Function],
                 calls: Mapping[ir.OperatorIdentifier, list[ir.Node]]
                 ) -> list[Parameter] | None:
     """The values that differ: per parameter, its slots, type and value in every call of
-    the group's functions, in order; None when one Constant of the first body would need two
-    values in one call, or a call leaves a value unset."""
+    the group's functions, in order; None when a call leaves a value unset.
+
+    The first body may share one Constant between uses that other bodies keep apart (its
+    ``x * 0.5`` and ``sigmoid(x) * 0.5`` where the next layer has ``x * 0.7``): uses join one
+    parameter only where their values agree in every call, whichever Constant they read."""
     bodies = [_computing(f) for f in group]
     by_source: dict[Any, Parameter] = {}
     order: list[Any] = []
@@ -127,14 +130,12 @@ def _parameters(group: Sequence[ir.Function],
                     return None
                 values.append(resolved)
         constant = found[0][1]
-        source = slot if constant is None else ("const", id(constant))  # one per Constant
+        source = slot if constant is None else \
+            ("const", id(constant), tuple(_comparable(v) for v in values))
         if source not in by_source:
             by_source[source] = ([], found[0][0].type, values)
             order.append(source)
-        slots, _, first = by_source[source]
-        if any(_comparable(a) != _comparable(b) for a, b in zip(first, values, strict=True)):
-            return None  # a constant shared by two uses with values that differ apart
-        slots.append(slot)
+        by_source[source][0].append(slot)
     return [by_source[s] for s in order]
 
 
@@ -167,12 +168,11 @@ def _parametrize(group: Sequence[ir.Function], parameters: list[Parameter],
     base.attributes.clear()
     for slots, kind, values in parameters:
         name = _name(slots, taken)
+        if slots[0][0] == "const":  # the Constant's value comes from the call
+            _own_constant(base, nodes, slots).attributes["value"] = \
+                ir.RefAttr("value", name, kind)
         for slot in slots:
-            _, constant = _value(nodes, slot)
-            if constant is not None:  # the Constant's value comes from the call
-                constant.attributes["value"] = ir.RefAttr("value", name, kind)
-                constant.outputs[0].const_value = None
-            else:
+            if slot[0] == "attr":
                 nodes[slot[1]].attributes[slot[2]] = ir.RefAttr(slot[2], name, kind)
         default = next((v.value for v in values if not v.is_ref()), None)
         base.attributes.add(ir.Attr(name, kind, default))
@@ -186,6 +186,34 @@ def _parametrize(group: Sequence[ir.Function], parameters: list[Parameter],
             call.attributes.clear()
             for attr in given.get(id(call), ()):
                 call.attributes[attr.name] = attr
+
+
+def _own_constant(function: ir.Function, nodes: list[ir.Node], slots: list[Slot]) -> ir.Node:
+    """The Constant the parameter's uses (``slots``, all reading one Constant) read alone:
+    the one they read when nothing else does, else a copy of it that they read instead (the
+    other uses keep the literal, or take another parameter)."""
+    constant = _value(nodes, slots[0])[1]
+    assert constant is not None
+    uses = {(id(node), index) for node, index in constant.outputs[0].uses()}
+    mine = {(id(nodes[i]), j) for _, i, j in slots}
+    if uses != mine:
+        taken = {v.name for node in function for v in node.outputs} \
+            | {v.name for v in function.inputs}
+        name, n = f"{constant.outputs[0].name}_own", 0
+        while name in taken:
+            n += 1
+            name = f"{constant.outputs[0].name}_own{n}"
+        copy = ir.Node("", "Constant", [], attributes=[constant.attributes["value"]],
+                       name=f"{constant.name}_own{n}", num_outputs=1)
+        copy.outputs[0].name = name
+        copy.outputs[0].type, copy.outputs[0].shape = \
+            constant.outputs[0].type, constant.outputs[0].shape
+        function.graph.insert_after(constant, copy)
+        for _, i, j in slots:
+            nodes[i].replace_input_with(j, copy.outputs[0])
+        constant = copy
+    constant.outputs[0].const_value = None
+    return constant
 
 
 def _calls(model: ir.Model) -> dict[ir.OperatorIdentifier, list[ir.Node]]:

@@ -129,3 +129,51 @@ def test_a_value_passed_on_from_the_caller_stays_a_reference() -> None:
     onnx.checker.check_model(ir.serde.serialize_model(m), full_check=True)
     expected = _celu_reference(_celu_reference(X, 0.25, 2.0), 0.5, 3.0)
     np.testing.assert_allclose(run(m, x=X)[0], expected, rtol=1e-5, atol=1e-6)
+
+
+def _scaled_sum(name: str, a: float, b: float) -> ir.Function:
+    """``x * a + sigmoid(x) * b``; where ``a == b`` one Constant serves both products, as
+    the translation's optimizer leaves a body whose two literals happen to agree."""
+    x = value("x")
+    ca = ir.node("Constant", [], attributes={"value": ir.tensor(np.array(a, np.float32))})
+    cb = ca if a == b else \
+        ir.node("Constant", [], attributes={"value": ir.tensor(np.array(b, np.float32))})
+    sig = ir.node("Sigmoid", [x])
+    left = ir.node("Mul", [x, ca.outputs[0]])
+    right = ir.node("Mul", [sig.outputs[0], cb.outputs[0]])
+    add = ir.node("Add", [left.outputs[0], right.outputs[0]])
+    constants = [ca] if cb is ca else [ca, cb]
+    graph = ir.Graph([x], add.outputs, nodes=[*constants, sig, left, right, add],
+                     opset_imports={"": OPSET}, name=name)
+    function = ir.Function("pkg", name, graph=graph, attributes=[])
+    function.doc_string = "pkg.ScaledSum"
+    return function
+
+
+def test_a_constant_the_first_body_shares_is_parametrized_apart_per_use() -> None:
+    """The first body's one 0.5 fed both products; the second layer's 0.7 went to both and
+    it computed ``x*0.7 + sigmoid(x)*0.7`` (|diff| 0.15 on an export). Each use whose value
+    varies reads a Constant of its own; the use whose value does not keeps the literal."""
+    scales = [(0.5, 0.5), (0.7, 0.5), (0.5, 0.9), (0.7, 0.9)]
+    m = calling([_scaled_sum(f"S_{i}" if i else "S", a, b) for i, (a, b) in enumerate(scales)])
+    merge_scalar_variants(m)
+    (kept,) = m.functions.values()
+    assert sorted(kept.attributes) == ["scalar", "scalar_1"]
+    onnx.checker.check_model(ir.serde.serialize_model(m), full_check=True)
+    expected = X
+    for a, b in scales:
+        expected = expected * a + 1 / (1 + np.exp(-expected)) * b
+    np.testing.assert_allclose(run(m, x=X)[0], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_shared_constant_whose_uses_vary_alike_stays_one() -> None:
+    scales = [(0.5, 0.5), (0.7, 0.7)]
+    m = calling([_scaled_sum(f"S_{i}" if i else "S", a, b) for i, (a, b) in enumerate(scales)])
+    merge_scalar_variants(m)
+    (kept,) = m.functions.values()
+    assert sorted(kept.attributes) == ["scalar"]
+    assert sum(n.op_type == "Constant" for n in kept) == 1
+    expected = X
+    for a, b in scales:
+        expected = expected * a + 1 / (1 + np.exp(-expected)) * b
+    np.testing.assert_allclose(run(m, x=X)[0], expected, rtol=1e-5, atol=1e-6)

@@ -832,3 +832,27 @@ def test_group_norm_weights_enter_as_inputs_one_function_per_shape(name: str) ->
     assert len(calls_of(result, "GroupNorm")) == len(shapes)
     check_prototypes(result)
     assert om.validate(trained, args, result, providers="cpu").ok
+
+
+class HalfScaled(nn.Module):
+    def __init__(self, a: float) -> None:
+        super().__init__()
+        self.a = a
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.a + torch.sigmoid(x) * 0.5
+
+
+@pytest.mark.parametrize("scales", [(0.5, 0.7), (0.7, 0.5), (0.5, 0.7, 0.5)])
+def test_a_layer_scale_equal_to_a_literal_of_the_body_stays_its_own(scales) -> None:
+    """Layer 0's ``a`` (0.5) equals the body's literal 0.5: the translation shares one
+    Constant, and the merged function gave the next layer's 0.7 to both products, silently
+    (|diff| 0.15 against torch)."""
+    model = nn.Sequential(*(HalfScaled(a) for a in scales)).eval()
+    x = torch.randn(3, 4)
+    result = om.export(model, (x,))
+    assert calls_of(result, "HalfScaled") == {"HalfScaled": len(scales)}
+    session = ort_session(result.model_proto)
+    for sample in (x, 3 * torch.randn(3, 4)):
+        (got,) = session.run(None, {session.get_inputs()[0].name: sample.numpy()})
+        assert float(abs(model(sample).detach().numpy() - got).max()) < 1e-5
