@@ -474,7 +474,10 @@ def test_instances_differing_in_a_branchs_scalar_compute_their_own() -> None:
     session = ort_session(result.model_proto)
     for sample in (x, -x):
         got = session.run(None, {session.get_inputs()[0].name: sample.numpy()})
-        for e, g in zip(model(sample), got, strict=True):
+        # torch's own answer written out: eager torch.cond compiles, and torch 2.15's
+        # compile refuses a float closed over by a branch (SymFloat operands)
+        expected = [sample * s if sample.sum() > 0 else sample - s for s in (2.0, 3.0)]
+        for e, g in zip(expected, got, strict=True):
             assert float(abs(e.numpy() - g).max()) == 0.0
 
 
