@@ -109,7 +109,7 @@ class Tools:
                 or not holds_module_functions(proto):
             return proto
         model = ir.serde.deserialize_model(proto)
-        inline_labelled(model)
+        _inline_for_tool(model)
         flat = ir.serde.serialize_model(model)
         _set_metadata(flat, _ORT_INFERRED, None)
         # its nodes (no weights) lend their labels by tensor name to the nodes the tool
@@ -133,7 +133,7 @@ class Tools:
             model = ir.serde.deserialize_model(source)
         else:
             return None
-        inline_labelled(model)
+        _inline_for_tool(model)
         folder = tempfile.mkdtemp(prefix=".onnx_modular-inlined-")
         path = os.path.join(folder, "model.onnx")
         ir_save_external(model, path, "model.onnx.data")
@@ -332,6 +332,22 @@ def check_merged(merged: onnx.ModelProto, domains: set[str]) -> None:
         raise ValueError(f"calls without a function: {', '.join(missing[:4])}")
     if merged.ByteSize() < onnx.checker.MAXIMUM_PROTOBUF:  # larger ones check from the file
         onnx.checker.check_model(merged)
+
+
+def _inline_for_tool(model: ir.Model) -> None:
+    """Inline ``model``'s functions (module labels kept on every copy) into the form the
+    tools read as they read a flat export: a body's ``Constant(value_ints=...)`` becomes
+    ``Constant(value=<tensor>)``, the one form ORT's symbolic shape inference and
+    ``OnnxModel.get_constant_value`` read (with the others the transformers optimizer's shape
+    inference failed and it fused no ``SkipLayerNormalization``, silently)."""
+    inline_labelled(model)
+    for node in model.graph:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") \
+                and len(node.attributes) == 1 and "value" not in node.attributes:
+            tensor = ir.convenience.get_const_tensor(node.outputs[0])
+            if tensor is not None:
+                node.attributes.clear()
+                node.attributes["value"] = ir.AttrTensor("value", tensor)
 
 
 def _inline_in_place(proto: onnx.ModelProto) -> None:

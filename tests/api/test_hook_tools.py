@@ -4,6 +4,7 @@ hierarchical file write what the flat pipeline writes, outlined again (issue 31,
 from __future__ import annotations
 
 import collections
+import contextlib
 import subprocess
 import sys
 import textwrap
@@ -195,6 +196,27 @@ def test_transformers_optimizer_in_a_hook_fuses_like_the_flat_pipeline(tmp_path,
                            {"input_ids": args[0].numpy()})
     assert _ops(tmp_path / "hier.opt.onnx")[1]["SkipLayerNormalization"] == 4
     assert [r.hierarchical for r in session.rewrites] == [True]
+
+
+@pytest.mark.slow
+def test_the_optimizer_in_a_hook_fuses_a_llamas_skip_norms_like_the_flat_pipeline(tmp_path
+                                                                                ) -> None:
+    """The inlined bodies' ``Constant(value_ints)`` made ORT's symbolic shape inference fail
+    (it reads ``value`` only): no ``SkipSimplifiedLayerNormalization`` was fused, silently."""
+    from onnxruntime.transformers import optimizer
+
+    model, args = models.llama(2)
+    files = {}
+    for kind in ("hier", "flat"):
+        with om.hook() if kind == "hier" else contextlib.nullcontext():
+            torch.onnx.export(model, args, tmp_path / f"{kind}.onnx", dynamo=True,
+                              verbose=False)
+            optimizer.optimize_model(str(tmp_path / f"{kind}.onnx"), model_type="gpt2",
+                                     num_heads=4, hidden_size=32, opt_level=0
+                                     ).save_model_to_file(str(tmp_path / f"{kind}.opt.onnx"))
+        files[kind] = tmp_path / f"{kind}.opt.onnx"
+    _same_as_flat_pipeline(files["hier"], files["flat"], {"input_ids": args[0].numpy()})
+    assert _ops(files["hier"])[1]["SkipSimplifiedLayerNormalization"] == 4
 
 
 @pytest.mark.slow
