@@ -85,6 +85,7 @@ class LabelledCall:
     inputs: list[ir.Value]  # activations read from outside, first use first
     outputs: list[ir.Value]  # values made inside and read outside (or model outputs)
     end: int  # position of its last node: calls finish in this order
+    depth: int = 0  # nesting level: of calls ending on one node, the innermost finishes first
 
 
 @dataclasses.dataclass
@@ -117,10 +118,12 @@ def labelled_calls(loaded: runtime.LoadedModel, reference: onnx.ModelProto | Non
         return None
     members: dict[str, list[int]] = {}
     types: dict[str, str] = {}
+    depths: dict[str, int] = {}
     for i, chain in enumerate(chains):
-        for call in chain:
+        for depth, call in enumerate(chain):
             members.setdefault(call.call_id, []).append(i)
             types[call.call_id] = call.module_type
+            depths[call.call_id] = depth
     outputs = set(model.graph.outputs)
     calls = {}
     for call_id, indices in members.items():
@@ -137,7 +140,7 @@ def labelled_calls(loaded: runtime.LoadedModel, reference: onnx.ModelProto | Non
                 if v in outputs or any(u.node not in own for u in v.uses()):
                     outs.setdefault(v)
         calls[call_id] = LabelledCall(call_id, types[call_id], inside, list(ins), list(outs),
-                               indices[-1])
+                                      indices[-1], depths[call_id])
     return Labelled(model, calls, loaded.session_config(), prepack=not loaded.large)
 
 
@@ -157,7 +160,7 @@ def compare_modules(a: Labelled, b: Labelled, feeds: dict[str, np.ndarray], prov
     rtol, atol = tolerances.rtol, tolerances.atol
     plan: Plan = []
     rows: dict[str, ModuleRow] = {}
-    for call in sorted(a.calls.values(), key=lambda c: c.end):
+    for call in sorted(a.calls.values(), key=lambda c: (c.end, -c.depth)):
         rows[call.call_id] = row = ModuleRow(call.call_id, call.module_type, None)
         other = b.calls.get(call.call_id)
         if other is None:

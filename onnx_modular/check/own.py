@@ -90,7 +90,7 @@ def own_errors(run: ValidationRun, torch_calls: list[TorchCall], *,
     labelled = labelled_calls(loaded)
     if labelled is None:
         return OwnErrors([], None, "the ONNX model carries no module labels")
-    calls = sorted(labelled.calls.values(), key=lambda c: c.end)
+    calls = sorted(labelled.calls.values(), key=lambda c: (c.end, -c.depth))
     records = [OnnxCall(CallInfo(c.call_id, c.call_id.split("@", 1)[0], c.module_type), [])
                for c in calls]
     pairs = sorted(((calls[k], j) for k, j in resolve(records, torch_calls).items()),

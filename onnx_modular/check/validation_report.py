@@ -166,6 +166,9 @@ class ValidationReport(Report):
             "model": self.model,
             "ok": self.ok,
             "first_mismatch": self.first_mismatch,
+            "first_mismatch_call": (self.localization.first.call_id
+                                    if self.localization is not None
+                                    and self.localization.first is not None else None),
             "torch_s": self.torch_s,
             "providers": {r.provider: r.to_dict() for r in self.results},
             "skipped": dict(self.skipped),
@@ -262,12 +265,27 @@ class ValidationReport(Report):
         if self.ok:
             return f"OK: {self.model} matches torch on {', '.join(self.providers)}"
         failed = [r.provider for r in self.results if not r.ok]
-        where = f"; first diverging module: {self.first_mismatch}" if self.first_mismatch else ""
+        where = f"; first diverging module: {self._first_described()}" \
+            if self.first_mismatch else ""
         if self.localization is not None and self.first_mismatch is None:
             where = f"; no module localized ({self.localization.note or 'no module diverged'})"
         if self.first_own_mismatch is not None:
             where += f"; first module whose own error leaves tolerance: {self.first_own_mismatch}"
         return f"MISMATCH: {self.model} differs from torch on {', '.join(failed)}{where}"
+
+    def _first_described(self) -> str:
+        """The first divergence in words: which call of a module called more than once, and
+        where its inputs differ already, that the error starts outside module calls."""
+        first = self.localization.first if self.localization is not None else None
+        if first is None:
+            return ""
+        text = first.module_path
+        if first.call_id != first.module_path:
+            text += f" (its call {first.call_id})"
+        if first.inherited:
+            text += (" whose inputs differ already: the error starts before it, in operations"
+                     " outside any module call (the parent module's own code)")
+        return text
 
     def __rich__(self) -> Any:
         from rich.console import Group

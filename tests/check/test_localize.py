@@ -120,3 +120,51 @@ def test_a_probe_nobody_took_is_closed_with_its_thread() -> None:
     assert advance.take("CUDAExecutionProvider", fuse=False) is None  # built for another
     advance.close()
     assert not advance.alive and advance._session is None and advance._loaded is None
+
+
+class SharedTwice(torch.nn.Module):
+    """``shared`` called twice, a scale of the model's own between the calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.shared, self.b = (torch.nn.Linear(8, 8) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.shared(self.a(x))) * 2.0
+        return self.shared(self.b(h))
+
+
+def _exported_shared_twice() -> tuple[SharedTwice, torch.Tensor, onnx.ModelProto]:
+    model, x = SharedTwice().eval(), torch.randn(4, 8)
+    return model, x, om.export(model, (x,)).model_proto
+
+
+def test_the_second_call_of_a_module_is_named_as_a_call(tmp_path) -> None:
+    """Only ``shared@1`` reads a scaled weight: the summary said "first diverging module:
+    shared", the path the healthy first call has too."""
+    model, x, proto = _exported_shared_twice()
+    weight = next(t for t in proto.graph.initializer if t.name == "shared.weight")
+    scaled = onnx.numpy_helper.to_array(weight) * 1.5
+    proto.graph.initializer.append(onnx.numpy_helper.from_array(scaled, "shared.weight.2"))
+    second = next(n for n in proto.graph.node if n.name == "shared@1")
+    second.input[list(second.input).index("shared.weight")] = "shared.weight.2"
+    onnx.save(proto, tmp_path / "bad.onnx")
+    report = om.validate(model, (x,), tmp_path / "bad.onnx", localize=True)
+    assert not report.ok and report.first_mismatch == "shared"
+    assert report.to_dict()["first_mismatch_call"] == "shared@1"
+    assert "first diverging module: shared (its call shared@1);" in report.summary()
+
+
+def test_an_error_outside_module_calls_is_told_as_such(tmp_path) -> None:
+    """The model's own ``* 2.0`` changed: ``b`` is the first call that diverges, only because
+    its input did; the summary says so instead of naming ``b`` as where the error starts."""
+    model, x, proto = _exported_shared_twice()
+    (scale,) = [t for t in proto.graph.initializer if t.data_type == TensorProto.FLOAT
+                and not t.dims and onnx.numpy_helper.to_array(t) == 2.0]
+    scale.CopyFrom(onnx.numpy_helper.from_array(np.array(3.0, np.float32), scale.name))
+    onnx.save(proto, tmp_path / "bad.onnx")
+    report = om.validate(model, (x,), tmp_path / "bad.onnx", localize=True)
+    assert not report.ok and report.first_mismatch == "b"
+    assert "first diverging module: b whose inputs differ already" in report.summary()
+    assert "outside any module call" in report.summary()

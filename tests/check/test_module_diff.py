@@ -156,3 +156,44 @@ def test_renamed_edge_tensors_pair_only_where_unambiguous() -> None:
     assert _pair([v("x", [2, 3]), v("y", [2, 3])], [p, q]) is None  # two of a kind
     half = v("p_fp16", [2, 3], ir.DataType.FLOAT16)
     assert _pair([half], [p]) == [p]  # an fp16 model's value for an fp32 one's
+
+
+class _Attn(torch.nn.Module):
+    """Returns its child's output and a value of its own made before the child runs: the
+    call and its child end on the same node."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        w = torch.softmax(x, -1)
+        return self.proj(w), w
+
+
+class _Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.attn, self.fc = _Attn(), torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, w = self.attn(x)
+        return self.fc(y) + w
+
+
+def test_a_child_ending_with_its_parent_is_named_before_it(tmp_path: Path) -> None:
+    """``attn.proj``'s weight changed: compare named ``attn`` (listed first, as the two
+    calls end on one node) where validate named ``attn.proj``."""
+    model, x = _Block().eval(), torch.randn(2, 8)
+    om.export(model, (x,)).save(tmp_path / "a.onnx")
+    bad = onnx.load(str(tmp_path / "a.onnx"))
+    weight = next(t for t in bad.graph.initializer if t.name == "attn.proj.weight")
+    weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) * 1.5, weight.name))
+    onnx.save(bad, tmp_path / "b.onnx")
+    report = om.compare(tmp_path / "a.onnx", tmp_path / "b.onnx", inputs=[x.numpy()])
+    assert report.first_mismatch == "attn.proj"
+    calls = [row["call_id"] for row in report.to_dict()["modules"]["rows"]]
+    assert calls.index("attn.proj") < calls.index("attn")
+    validation = om.validate(model, (x,), tmp_path / "b.onnx", localize=True)
+    assert validation.first_mismatch == validation.first_own_mismatch == "attn.proj"
