@@ -83,6 +83,15 @@ def _facts(loaded: runtime.LoadedModel) -> tuple[ModelFacts, ir.Model]:
                       _topology(model.graph)), model
 
 
+def _feeding(names_a: list[str], names_b: list[str]) -> list[str]:
+    """For each input of b, the input of a whose value it takes: the one of its name where
+    both models name the same inputs (in whatever order they declare them), else the one at
+    its position."""
+    if sorted(names_a) == sorted(names_b):
+        return list(names_b)
+    return list(names_a[:len(names_b)])
+
+
 def _random_feeds(la: runtime.LoadedModel, ma: ir.Model, lb: runtime.LoadedModel,
                   mb: ir.Model, drawn: list[str]) -> dict[str, Any]:
     """Random inputs fitting both models; an index input is drawn over the rows of the
@@ -90,8 +99,10 @@ def _random_feeds(la: runtime.LoadedModel, ma: ir.Model, lb: runtime.LoadedModel
     ranges = index_ranges(ma)
     theirs = index_ranges(mb)
     names_b = [i.name for i in declared_inputs(lb.proto)]
-    for k, info in enumerate(declared_inputs(la.proto)):
-        other = theirs.get(names_b[k]) if k < len(names_b) else None
+    names_a = [i.name for i in declared_inputs(la.proto)]
+    partner = dict(zip(_feeding(names_a, names_b), names_b, strict=False))
+    for info in declared_inputs(la.proto):
+        other = theirs.get(partner[info.name]) if info.name in partner else None
         if other is not None and (info.name not in ranges or other[0] < ranges[info.name][0]):
             ranges[info.name] = other
     return random_inputs(la.proto, other=lb.proto, ranges=ranges, drawn=drawn)
@@ -115,9 +126,13 @@ def compare(a: runtime.OnnxModelSource, b: runtime.OnnxModelSource, inputs: Any 
     (chosen,) = runtime.resolve_providers([provider])
     (fa, ma), (fb, mb) = _facts(la), _facts(lb)
     reasons: list[str] = []
-    sig_a, sig_b = input_signature(la.proto), input_signature(lb.proto)
-    if sig_a != sig_b:
-        reasons.append(f"input signatures differ: {sig_a} vs {sig_b}")
+    names_a = [i.name for i in declared_inputs(la.proto)]
+    names_b = [i.name for i in declared_inputs(lb.proto)]
+    sig_a = dict(zip(names_a, input_signature(la.proto), strict=True))
+    sig_b = dict(zip(_feeding(names_a, names_b), input_signature(lb.proto), strict=False))
+    if len(names_a) != len(names_b) or any(sig_a[n] != sig_b[n] for n in sig_b):
+        reasons.append(f"input signatures differ: {input_signature(la.proto)} vs "
+                       f"{input_signature(lb.proto)}")
     outs_a = [o.name for o in la.proto.graph.output]
     outs_b = [o.name for o in lb.proto.graph.output]
     if len(outs_a) != len(outs_b):
@@ -133,7 +148,9 @@ def compare(a: runtime.OnnxModelSource, b: runtime.OnnxModelSource, inputs: Any 
         values = []
         for which, loaded, facts in (("a", la, fa), ("b", lb, fb)):
             with SessionRunner.open(loaded, chosen) as session:  # one model's weights at a time
-                feed = dict(zip(session.input_names, given.values(), strict=True))
+                feed = {mine: given[theirs] for mine, theirs in zip(
+                    session.input_names, _feeding(list(given), session.input_names),
+                    strict=True)}
                 try:
                     out = session.run(Inputs(feeds=feed))
                 except OnnxModularError as exc:

@@ -196,3 +196,24 @@ def test_large_models_are_compared_without_prepacked_weights(twins, monkeypatch,
     assert om.compare(hier, flat).equivalent
     assert not om.compare(hier, models.hierarchical(model, weight_scale={2: 1.01})).equivalent
     assert prepacked == [False] * 4
+
+
+def _difference(order: tuple[str, str]) -> onnx.ModelProto:
+    """``y = x - w``, its two inputs declared in ``order``."""
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [4, 8]) for n in order]
+    graph = helper.make_graph([helper.make_node("Sub", ["x", "w"], ["y"])], "sub", inputs,
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_inputs_declared_in_another_order_are_fed_by_name() -> None:
+    """b declares (w, x) where a declares (x, w): fed by position, x went to w and two
+    models computing the same were reported different."""
+    a, b = _difference(("x", "w")), _difference(("w", "x"))
+    assert om.compare(a, b).to_dict()["equivalent"]
+    x, w = np.ones((4, 8), np.float32), np.zeros((4, 8), np.float32)
+    assert om.compare(a, b, inputs=[x, w]).to_dict()["equivalent"]
+    assert om.compare(a, b, inputs={"w": w, "x": x}).to_dict()["equivalent"]
+    other = _difference(("x", "w"))
+    other.graph.node[0].input[:] = ["w", "x"]  # w - x: really different
+    assert not om.compare(a, other, inputs=[x, w]).to_dict()["equivalent"]
