@@ -164,7 +164,9 @@ def _outline_once(model: ir.Model, loaded: LoadedModel, select: Select | None, d
     if dedupe:
         annotate_differences(model)
     if not _has_foreign_ops(model):
-        verify(model)  # strict inference, as every model we write
+        verify(model, f"the outlined '{loaded.label}'",  # strict, as every model we write
+               "the file as given fails this check too: the tool that wrote it may have "
+               "broken it; onnx.checker.check_model(path, full_check=True) tells")
     return report, found
 
 

@@ -59,8 +59,15 @@ def _without_weights(model: ir.Model) -> Iterator[None]:
             graph.register_initializer(w)
 
 
-def verify(model: ir.Model) -> None:
-    """Strict type and shape inference over the model; one clear error on a failure."""
+#: Why an export fails inference where its inlined form fails too.
+EXAMPLE_HINT = "do the example inputs fit the model? eager torch would fail on them too"
+
+
+def verify(model: ir.Model, what: str = "the exported model", hint: str = EXAMPLE_HINT
+           ) -> None:
+    """Strict type and shape inference over the model; one clear error on a failure.
+    ``what`` names the model, ``hint`` says why it may be invalid when its functions
+    inlined are invalid too (not an outlining defect then)."""
     with _without_weights(model):
         proto = ir.serde.serialize_model(model)
     try:
@@ -72,9 +79,8 @@ def verify(model: ir.Model) -> None:
         location, where = _locate(model, text)
         why = text.rsplit("):", 1)[-1].strip() or text
         hint = ("an onnx_modular defect: the same model with its functions inlined is "
-                "valid; please report it" if _valid_when_inlined(proto) else
-                "do the example inputs fit the model? eager torch would fail on them too")
-        raise fail(f"the exported model is invalid{where}: {why} ({hint})", rules.TRANSLATION,
+                "valid; please report it" if _valid_when_inlined(proto) else hint)
+        raise fail(f"{what} is invalid{where}: {why} ({hint})", rules.TRANSLATION,
                    location) from e
 
 

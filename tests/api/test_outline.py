@@ -131,6 +131,24 @@ def test_a_model_without_labels_is_one_clear_error(stack_file: tuple) -> None:
         om.outline(bare)
 
 
+def test_a_file_a_tool_broke_is_named_as_the_cause(stack_file: tuple) -> None:
+    """A converter that wrote a float16 value where float32 is read: the error blamed the
+    example inputs, which outlining has none of."""
+    path, _ = stack_file
+    broken = onnx.load(str(path))
+    gemm = next(n for n in broken.graph.node if n.op_type == "Gemm")
+    cast = onnx.helper.make_node("Cast", [gemm.input[0]], ["as_half"],
+                                 to=onnx.TensorProto.FLOAT16)
+    cast.metadata_props.extend(gemm.metadata_props)
+    gemm.input[0] = "as_half"
+    broken.graph.node.insert(list(broken.graph.node).index(gemm), cast)
+    with pytest.raises(OnnxModularError) as e:
+        om.outline(broken)
+    message = str(e.value)
+    assert "the outlined" in message and "the tool that wrote it may have broken it" in message
+    assert "example inputs" not in message
+
+
 def test_reference_gives_back_labels_a_tool_dropped(stack_file: tuple) -> None:
     """onnxsim, onnxslim, the version converter and ORT's optimized-model file drop every
     node's metadata but keep tensor names: the file the tool read lends its labels."""
