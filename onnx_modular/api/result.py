@@ -33,6 +33,7 @@ from onnx_modular.emit.regions import (
     emit_regions,
     single_model,
 )
+from onnx_modular.leaves._compat import dim_names
 from onnx_modular.parts import manifest as parts_manifest
 from onnx_modular.parts.triton import TritonOptions, TritonRepository, save_triton
 from onnx_modular.passes.balance import StagePlan
@@ -169,7 +170,8 @@ class SplitResult:
         options = TritonOptions(name=name, instances=instances, gpus=gpus, kind=kind,
                                 max_batch_size=max_batch_size,
                                 max_queue_delay_us=max_queue_delay_us,
-                                external_data=external_data, batch_dim=batch_dim)
+                                external_data=external_data, batch_dim=batch_dim,
+                                dim_names=dim_names(self.program))
         return save_triton(repo, self.onnx_model.graph, self.region_graphs(), options)
 
     def preview(self, console: Console | None = None) -> None:

@@ -121,6 +121,26 @@ def program_guards_fn(program: torch.export.ExportedProgram,
     return _unlift._convert_guards_code_to_fn(code, paths)
 
 
+def dim_names(program: torch.export.ExportedProgram) -> dict[str, str]:
+    """Symbol -> the name of the ``Dim`` it was made for (``s27`` -> ``batch``), read from
+    the shape environment of the program's inputs (torch.export names dimensions ``s<N>``
+    and keeps the user's names there only); empty where it holds none."""
+    for node in program.graph.nodes:
+        value = node.meta.get("val") if node.op == "placeholder" else None
+        sizes = [d for d in getattr(value, "shape", ()) if isinstance(d, torch.SymInt)]
+        if not sizes:
+            continue
+        env = sizes[0].node.shape_env
+        debug = getattr(env, "source_name_to_debug_name", {})
+        names: dict[str, str] = {}
+        for symbol, sources in getattr(env, "var_to_sources", {}).items():
+            found = {debug[s.name] for s in sources if getattr(s, "name", None) in debug}
+            if len(found) == 1:
+                names[str(symbol)] = found.pop()
+        return names
+    return {}
+
+
 def returns_nothing(target: Any) -> bool:
     """An ATen op whose schema declares no result (``_assert_tensor_metadata``)."""
     return isinstance(target, OpOverload) and not target._schema.returns

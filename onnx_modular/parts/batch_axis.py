@@ -399,7 +399,7 @@ class _Analysis:
             axes = self.batch_axes_of(dims)
             if axes is None or any(a != state.axis for a in axes):
                 self.give_up(node, f"makes {list(dims)}: a dimension besides the batch's "
-                             "grows with the batch size")
+                             "grows with the batch size", mixing=True)
                 return
 
     def sizes(self, node: ir.Node, states: list[State]) -> None:
@@ -455,9 +455,8 @@ class _Analysis:
     op_DequantizeLinear = op_unary  # noqa: N815
 
     def op_CastLike(self, node: ir.Node, states: list[State]) -> None:  # noqa: N802
-        if states[0] == SIZE:
-            self.set_outputs(node, [SIZE])
-        elif isinstance(states[0], Batch):
+        # the data's state carries over: a batch, or a size (``clamp(x, max=b)``)
+        if _is_size(states[0]) or isinstance(states[0], Batch):
             self.set_outputs(node, [states[0]])
         else:
             self.set_outputs(node, [FREE])
@@ -585,8 +584,8 @@ class _Analysis:
     op_Hardmax = op_Softmax  # noqa: N815
 
     def op_TopK(self, node: ir.Node, states: list[State]) -> None:  # noqa: N802
-        if _is_size(states[1]):
-            self.give_up(node, "takes k from the batch size")
+        if _is_size(states[1]):  # sorts the batch (argsort), or each row's k grows with it
+            self.give_up(node, "takes k from the batch size", mixing=True)
             return
         self.along_axis(node, [states[0], FREE if states[1] != LOST else LOST],
                         node.attributes.get_int("axis", -1), "sorts (top-k)")
@@ -758,9 +757,6 @@ class _Analysis:
         if not isinstance(state, Batch):
             self.give_up(node, "slices by bounds read from the rows")
             return
-        if any(_is_size(s) for s in states[1:]):
-            self.give_up(node, "slices by bounds computed from the batch size")
-            return
         starts = self.const(node.inputs[1])
         axes_value = node.inputs[3] if len(node.inputs) > 3 else None
         axes = self.const(axes_value) if axes_value is not None else (
@@ -769,6 +765,12 @@ class _Analysis:
             self.give_up(node, "slices axes computed at run time")
             return
         axes_list = [self.normalized(int(a), state.rank) for a in axes.reshape(-1)]
+        if any(_is_size(s) for s in states[1:]) and not (
+                axes_list == [state.axis] and self._whole_batch(node, state)):
+            # ``roll`` along the batch (``x[-1:]``, ``x[:-1]``), or another axis cut to the
+            # batch size: a request's rows would depend on what is batched with it
+            self.give_up(node, "slices by bounds computed from the batch size", mixing=True)
+            return
         if state.axis in axes_list:
             steps_value = node.inputs[4] if len(node.inputs) > 4 else None
             steps = self.const(steps_value) if steps_value is not None else \
@@ -782,6 +784,15 @@ class _Analysis:
             self.give_up(node, "slices by bounds read from the rows")
             return
         self.set_outputs(node, [state])
+
+    def _whole_batch(self, node: ir.Node, state: Batch) -> bool:
+        """A slice of the batch axis keeping all of it (``x[:b]``, ``b`` its own size): its
+        output has the batch dimension itself there, and steps of 1."""
+        whole = self.dims(node.outputs[0])
+        steps = self.const(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] \
+            is not None else np.ones(1, np.int64)
+        return whole is not None and self.is_batch_dim(whole[state.axis]) and \
+            steps is not None and bool((steps == 1).all())
 
     def op_Pad(self, node: ir.Node, states: list[State]) -> None:  # noqa: N802
         state = states[0]
@@ -848,7 +859,11 @@ class _Analysis:
         the first operand or N of the second stays; at K it is contracted; one at M and
         one at N would pair every row with every other."""
         ra, rb = self.rank(node.inputs[0]), self.rank(node.inputs[1])
-        if ra is None or rb is None or any(_is_size(s) for s in states):
+        if any(_is_size(s) for s in states):  # ``ones(b, b).tril() @ x``
+            self.give_up(node, "multiplies the rows by a tensor shaped by the batch size",
+                         mixing=True)
+            return
+        if ra is None or rb is None:
             self.give_up(node, "multiplies operands of unknown rank")
             return
         r = max(ra, rb) if ra > 1 and rb > 1 else max(ra, rb) - 1

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -105,14 +105,25 @@ def plan_batching(model_graph: ir.Graph, parts: Sequence[RegionGraph], symbol: s
     return plan
 
 
-def batch_symbol(model_graph: ir.Graph, batch_dim: str) -> str | None:
+def batch_symbol(model_graph: ir.Graph, batch_dim: str,
+                 dim_names: Mapping[str, str] | None = None) -> str | None:
     """The model's symbolic dimension ``batch_dim`` names: itself where the model has a
-    dimension of that name, else the first input's first dimension (torch.export renames
-    ``Dim("batch")`` to ``s<N>``; naming the batch states it is axis 0)."""
+    dimension of that name, else the one made for ``Dim(batch_dim)`` (torch.export renames
+    ``Dim("batch")`` to ``s<N>``; ``dim_names`` maps them back), else, where the program
+    kept no names, the first input's first dimension (naming the batch states it is axis
+    0). None where nothing fits; :class:`ValueError` where the program's names are known
+    and none is ``batch_dim`` (a guess could batch along the sequence)."""
     names = {d for v in [*model_graph.inputs, *model_graph.outputs]
              for d in (shape_of(v) or []) if isinstance(d, str)}
     if batch_dim in names:
         return batch_dim
+    known = {name: symbol for symbol, name in (dim_names or {}).items() if symbol in names}
+    if batch_dim in known:
+        return known[batch_dim]
+    if known:
+        raise ValueError(f"the model's dynamic dimensions are "
+                         f"{', '.join(f'{n} ({s})' for n, s in sorted(known.items()))}; "
+                         f"none is named {batch_dim!r}")
     inputs = list(model_graph.inputs)
     first = _first_dim(inputs[0]) if inputs else None
     return first if isinstance(first, str) else None

@@ -319,8 +319,9 @@ def test_a_model_that_mixes_along_its_first_dimension_is_not_batched(case, tmp_p
     op (and module), kept in the ensemble's config; asking to batch is one line."""
     if case == "x - x.mean(0)":
         model, x, op, module = RowMixing(), torch.randn(4, 3), "ReduceMean", None
-        stages = dynamic_batch(model, (x,))
+        stages, first = dynamic_batch(model, (x,)), "batch"
     else:
+        first = "seq"
         model = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0).eval()
         x, op, module = torch.randn(5, 3, 16), "MatMul", "'self_attn' (MultiheadAttention)"
         program = torch.export.export(model, (x,), strict=False,
@@ -335,11 +336,14 @@ def test_a_model_that_mixes_along_its_first_dimension_is_not_batched(case, tmp_p
     name = stages.onnx_model.graph.inputs[0].name
     (got,) = run_ensemble(tmp_path / "repo", "model", {name: x.numpy()}).values()
     np.testing.assert_allclose(got, model(x).detach().numpy(), rtol=1e-4, atol=1e-4)
-    for asked in ({"max_batch_size": 4}, {"batch_dim": "batch"}):
+    for asked in ({"max_batch_size": 4}, {"batch_dim": first}):
         with pytest.raises(om.OnnxModularError) as error:
             stages.save_triton(tmp_path / "asked", **asked)
         assert "\n" not in str(error.value) and op in str(error.value)
         assert not (tmp_path / "asked").exists()
+    if case == "sequence-first encoder":  # a name the program's Dims do not have
+        with pytest.raises(om.OnnxModularError, match=r"are seq \(s\d+\); none is named 'batch'"):
+            stages.save_triton(tmp_path / "asked", batch_dim="batch")
 
 
 class ConvMLP(nn.Module):
@@ -370,3 +374,18 @@ def test_a_batch_model_is_batched_and_stacked_rows_equal_rows_alone(tmp_path) ->
     assert rows_alone_match_stacked(tmp_path / "repo", "model", big.numpy()) < 1e-5
     (got,) = run_ensemble(tmp_path / "repo", "model", {"x": big.numpy()}).values()
     np.testing.assert_allclose(got, model(big).detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_batch_dim_names_the_dim_it_was_given_for_not_the_first_axis(tmp_path) -> None:
+    """``Dim("batch")`` at axis 1 of a sequence-first model: batch_dim="batch" took the
+    first input's first axis (the sequence: torch.export renames both ``s<N>``), trusted what
+    it could not follow, and Triton mixed requests along the sequence (23 of 24 answers
+    wrong under concurrent requests)."""
+    model = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0).eval()
+    dims = {0: torch.export.Dim("seq", max=64), 1: torch.export.Dim("batch", max=64)}
+    program = torch.export.export(model, (torch.randn(5, 3, 16),), strict=False,
+                                  dynamic_shapes=(dims,))
+    stages = om.split_stages(program, num_stages=1)
+    with pytest.raises(om.OnnxModularError, match=r"without the batch dimension 's\d+' first"):
+        stages.save_triton(tmp_path / "repo", batch_dim="batch")
+    assert not (tmp_path / "repo").exists()

@@ -38,6 +38,8 @@ class TritonOptions:
     max_queue_delay_us: int = 0
     external_data: bool | None = None
     batch_dim: str | None = None
+    #: symbol -> the user's Dim name (``s27`` -> ``batch``), where the program kept them
+    dim_names: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def data_threshold(self) -> int:

@@ -75,8 +75,10 @@ def save_triton(repo: str | os.PathLike[str], model_graph: ir.Graph, parts: Sequ
     (:mod:`~onnx_modular.parts.batch_axis`) proves the model treats it as a batch (no op
     mixes rows along it), else 0 with ``TritonRepository.note`` (and a
     :class:`TritonBatchingWarning`) saying why; a number above 0 where batching is refused
-    is an error. ``batch_dim``: states that axis 0 (the dimension of that name, or the
-    first input's dynamic first one: torch.export names them ``s<N>``) is the batch; ops
+    is an error. ``batch_dim``: states that axis 0 (the dimension of that name: the
+    ``Dim`` the program was exported with, which torch.export renames ``s<N>``, found
+    through ``options.dim_names``; where the program kept no names, the first input's
+    dynamic first dimension) is the batch; ops
     the analysis cannot follow are then trusted (the note lists them), ops that provably
     mix rows still refuse it. ``max_queue_delay_us``: how long a request may wait for
     others to batch with (Triton's default 0: only those already queued while an instance
@@ -108,7 +110,10 @@ def _batching(model_graph: ir.Graph, live: Sequence[RegionGraph], options: Trito
     batch_dim, max_batch_size = options.batch_dim, options.max_batch_size
     symbol = None
     if batch_dim is not None:
-        symbol = batch_symbol(model_graph, batch_dim)
+        try:
+            symbol = batch_symbol(model_graph, batch_dim, options.dim_names)
+        except ValueError as e:
+            raise fail(f"batch_dim={batch_dim!r}: {e}") from None
         if symbol is None:
             raise fail(f"batch_dim={batch_dim!r}: the model has no dynamic dimension of that "
                        "name and its first input no dynamic first dimension (export with "
