@@ -221,3 +221,30 @@ def test_a_sequence_first_encoder_is_not_batched_and_answers_each_request(server
         np.testing.assert_allclose(got, model(torch.from_numpy(r)).detach().numpy(),
                                    rtol=TOL, atol=TOL)
     client.close()
+
+
+class RowScores(torch.nn.Module):
+    """A per-row scalar in (``weights``, ``[batch]``) and out (the sum, ``[batch]``)."""
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (x * weights[:, None]).sum(-1), x.argmax(-1)
+
+
+def test_per_row_scalars_load_and_answer_as_batch_by_one(server) -> None:
+    """``[batch]`` tensors were ``dims: [1]`` reshaped to ``[]`` in the ensemble too, and
+    Triton refused the ensemble (``[-1]`` against the step's ``[-1, 1]``). The ensemble
+    takes and gives them as ``[batch, 1]``; its steps see ``[batch]``."""
+    batch = torch.export.Dim("batch", max=64)
+    x, w = torch.randn(3, 4), torch.randn(3)
+    program = torch.export.export(RowScores(), (x, w), strict=False,
+                                  dynamic_shapes=({0: batch}, {0: batch}))
+    repo = om.split_stages(program).save_triton(server.repo, name="row_scores")
+    assert repo.max_batch_size > 0
+    client = server.client()
+    client.load_model("row_scores")
+    got = infer(client, "row_scores", {"x": x.numpy(), "weights": w.numpy()[:, None]})
+    total, best = RowScores()(x, w)
+    names = list(program.graph_signature.user_outputs)
+    np.testing.assert_allclose(got[names[0]], total.numpy()[:, None], rtol=TOL, atol=TOL)
+    np.testing.assert_array_equal(got[names[1]], best.numpy()[:, None])
+    client.close()

@@ -122,7 +122,10 @@ def _data_type(value: Any, part: str) -> int:
     return int(pb.DataType.Value(triton))
 
 
-def _tensor(message: Any, value: Any, part: str, batched: bool) -> None:
+def _tensor(message: Any, value: Any, part: str, batched: bool, reshape: bool = True) -> None:
+    """``reshape`` False (the ensemble's tensors): a ``[batch]`` tensor is ``[batch, 1]``
+    to its clients. Triton checks an ensemble tensor's shape after its reshape against the
+    step's before it (``[-1]`` against ``[-1, 1]``: the ensemble did not load)."""
     message.name = value.name
     message.data_type = _data_type(value, part)
     dims = _dims(value, part, batched)
@@ -130,7 +133,8 @@ def _tensor(message: Any, value: Any, part: str, batched: bool) -> None:
         message.dims.extend(dims)
     else:  # a scalar (or [batch]): Triton wants dims, so [1], reshaped to [] for the model
         message.dims.append(1)
-        message.reshape.SetInParent()
+        if reshape or not batched:
+            message.reshape.SetInParent()
 
 
 def _set_parameters(config: Any, set_id: str | None, ensemble: str | None) -> None:
@@ -192,13 +196,13 @@ def ensemble_config(model_graph: ir.Graph, steps: Sequence[tuple[str, RegionGrap
             produced.add(v.name)
     inputs = {v.name for v in model_graph.inputs}
     for v in model_graph.inputs:
-        _tensor(config.input.add(), v, name, batched)
+        _tensor(config.input.add(), v, name, batched, reshape=False)
     for v in model_graph.outputs:
         if v.name not in produced:
             why = "is a model input returned as is" if v.name in inputs else "no part makes it"
             raise fail(f"model output '{v.name}' {why}: a Triton ensemble can only return "
                        "what a step produces")
-        _tensor(config.output.add(), v, name, batched)
+        _tensor(config.output.add(), v, name, batched, reshape=False)
     _set_parameters(config, stamp.set_id, None)
     if stamp.note:
         config.parameters[BATCHING_KEY].string_value = stamp.note
