@@ -345,6 +345,10 @@ def torchscript_defaults() -> dict[str, Any]:
             "onnx": OperatorExportTypes.ONNX}
 
 
+#: What torch.export raises where dynamic shapes violate a constraint its guards found.
+ExportUserError: type[Exception] = torch._dynamo.exc.UserError
+
+
 def size_oblivious() -> contextlib.AbstractContextManager[None]:
     """torch.export without specializing dims whose example size is 0 or 1 (a decoder step
     of one token, a batch of one) when they are marked dynamic."""

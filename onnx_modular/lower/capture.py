@@ -19,7 +19,12 @@ from onnx_modular.leaves._checkpoint import (
     check_checkpoint,
     require_data,
 )
-from onnx_modular.leaves._compat import quiet_libraries, tree_leaves
+from onnx_modular.leaves._compat import (
+    ExportUserError,
+    quiet_libraries,
+    size_oblivious,
+    tree_leaves,
+)
 from onnx_modular.leaves.arguments import DynamicShapes, ExampleArgs, ExampleKwargs, Model
 from onnx_modular.leaves.errors import fail, rules
 
@@ -51,17 +56,53 @@ def capture(model: Model, args: ExampleArgs = (), kwargs: ExampleKwargs | None =
     try:
         with quiet_libraries(), bound_weights(model, weights):
             # (failures print graphs and log before our one line)
-            program = torch.export.export(model, args, kwargs or {},
-                                          dynamic_shapes=dynamic_shapes, strict=False)
+            program = _export(model, args, kwargs, dynamic_shapes)
     except Exception as e:
-        lines = [line for line in str(e).strip().splitlines() if line.strip()]
-        first = lines[0] if lines else ""
         raise fail(rule=rules.EXPORT_FAILED, location=failing_module(model, e), reason=(
-            f"torch.export failed on {type(model).__name__}: {type(e).__name__}: {first}"
-        )) from e
+            f"torch.export failed on {type(model).__name__}: {type(e).__name__}: "
+            f"{_telling_line(e)}")) from e
     check_outputs(program, type(model).__name__)
     _warn_empty_inputs(args, kwargs, ctx)
     return program
+
+
+def _export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: ExampleKwargs | None,
+            dynamic_shapes: DynamicShapes | None) -> torch.export.ExportedProgram:
+    """Non-strict export; where dynamic shapes meet a constraint torch's guards on the
+    example sizes raise (MobileBERT's ``seq - 1 != 1``, Wav2Vec2's frame arithmetic), once
+    more without those guards, as torch.onnx captures (``backed_size_oblivious``). The first
+    error is raised if both fail."""
+    try:
+        return torch.export.export(model, args, kwargs or {}, dynamic_shapes=dynamic_shapes,
+                                   strict=False)
+    except ExportUserError as first:
+        if dynamic_shapes is None:
+            raise
+        try:
+            with size_oblivious():
+                return torch.export.export(model, args, kwargs or {},
+                                           dynamic_shapes=dynamic_shapes, strict=False)
+        except Exception:
+            raise first from None
+
+
+def _telling_line(error: BaseException) -> str:
+    """The first line of an export error, with what a constraint violation adds below it:
+    the first reason (``You marked seq as dynamic but your code specialized it ...``, ``Not
+    all values of s ... satisfy the generated guard ...``) and torch's suggested fixes."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    first = lines[0] if lines else ""
+    reason = next((line.removeprefix("- ") for line in lines[1:]
+                   if line.startswith(("- ", "Not all values"))), None)
+    fixes: list[str] = []
+    if "Suggested fixes:" in lines:
+        for line in lines[lines.index("Suggested fixes:") + 1:]:
+            if "=" not in line or line.startswith("The error above"):
+                break
+            fixes.append(line)
+    parts = [first, *([reason] if reason else []),
+             *([f"Suggested fixes: {'; '.join(fixes)}"] if fixes else [])]
+    return " ".join(parts)
 
 
 def _warn_empty_inputs(args: tuple[Any, ...], kwargs: ExampleKwargs | None,
@@ -100,7 +141,8 @@ def failing_module(model: torch.nn.Module, error: BaseException) -> Location:
     """Where in the model export failed: the innermost ``forward`` of one of its modules in
     the failure's frames (non-strict export runs the user's Python), with its source line."""
     paths = {id(module): name for name, module in model.named_modules()}
-    torch_dir = os.path.dirname(torch.__file__)
+    # torch's frames and ours (``_export`` takes the model first too) are not the model's
+    skipped = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
     found = Location(module_path="")
     seen: set[int] = set()
     cause: BaseException | None = error
@@ -112,7 +154,7 @@ def failing_module(model: torch.nn.Module, error: BaseException) -> Location:
             code = frame.f_code  # a method's first argument, whatever its name
             owner = frame.f_locals.get(code.co_varnames[0]) if code.co_argcount else None
             if (owner is not None and id(owner) in paths
-                    and not code.co_filename.startswith(torch_dir)):
+                    and not code.co_filename.startswith(skipped)):
                 found = Location(module_path=paths[id(owner)],
                                  source_file=code.co_filename, source_line=tb.tb_lineno)
             tb = tb.tb_next

@@ -409,3 +409,48 @@ def test_blocks_under_nested_compile_region_export_hierarchically() -> None:
     (block,) = [f for f in result.functions if f.name == "_CompiledRegionBlock"]
     assert block.calls == ("0", "1", "2")
     assert om.validate(model, args, result, providers=["cpu"]).ok
+
+
+@pytest.mark.slow
+def test_dynamic_shapes_torch_guards_against_are_captured_as_torch_onnx_captures() -> None:
+    """MobileBERT under a dynamic sequence: torch.export's guard ``seq - 1 != 1`` failed
+    the export (torch.onnx, capturing without size specialization, succeeds); now it is
+    captured again that way, and the file matches torch at other sizes."""
+    from transformers import MobileBertConfig, MobileBertModel
+
+    torch.manual_seed(0)
+    config = MobileBertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2,
+                              num_attention_heads=4, intermediate_size=64, embedding_size=16,
+                              intra_bottleneck_size=16, true_hidden_size=16,
+                              num_feedforward_networks=2)
+    model = MobileBertModel(config).eval()
+    ids = torch.randint(0, 99, (2, 8))
+    dims = {0: torch.export.Dim("batch", max=16), 1: torch.export.Dim("seq", max=60)}
+    result = om.export(model, (ids,), dynamic_shapes=(dims,))
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(result.model_proto.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    for shape in ((2, 8), (1, 5), (3, 11)):
+        sample = torch.randint(0, 99, shape)
+        with torch.no_grad():
+            want = model(sample).last_hidden_state.numpy()
+        got = session.run(None, {session.get_inputs()[0].name: sample.numpy()})[0]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+class EightOnly(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2 if x.shape[1] == 8 else x
+
+
+def test_a_violated_constraint_names_the_guard() -> None:
+    """The first line said only "Constraints violated (seq)!"; torch's reason and its
+    suggested fix are kept."""
+    dims = {1: torch.export.Dim("seq", max=60)}
+    with pytest.raises(om.OnnxModularError) as e:
+        om.export(EightOnly(), (torch.randn(2, 8),), dynamic_shapes=(dims,))
+    message = str(e.value)
+    assert "Constraints violated" in message and "specialized it to be a constant (8)" in message
+    assert "Suggested fixes: seq = 8" in message and "\n" not in message
+    assert "capture.py" not in message  # onnx_modular's frames are not the model's
