@@ -7,6 +7,7 @@ as it is. Any export failure becomes one line that names the model class.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -56,7 +57,7 @@ def capture(model: Model, args: ExampleArgs = (), kwargs: ExampleKwargs | None =
     try:
         with quiet_libraries(), bound_weights(model, weights):
             # (failures print graphs and log before our one line)
-            program = _export(model, args, kwargs, dynamic_shapes)
+            program = _export(model, args, kwargs, dynamic_shapes, ctx)
     except Exception as e:
         raise fail(rule=rules.EXPORT_FAILED, location=failing_module(model, e), reason=(
             f"torch.export failed on {type(model).__name__}: {type(e).__name__}: "
@@ -67,23 +68,47 @@ def capture(model: Model, args: ExampleArgs = (), kwargs: ExampleKwargs | None =
 
 
 def _export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: ExampleKwargs | None,
-            dynamic_shapes: DynamicShapes | None) -> torch.export.ExportedProgram:
-    """Non-strict export; where dynamic shapes meet a constraint torch's guards on the
-    example sizes raise (MobileBERT's ``seq - 1 != 1``, Wav2Vec2's frame arithmetic), once
-    more without those guards, as torch.onnx captures (``backed_size_oblivious``). The first
-    error is raised if both fail."""
-    try:
-        return torch.export.export(model, args, kwargs or {}, dynamic_shapes=dynamic_shapes,
+            dynamic_shapes: DynamicShapes | None, ctx: DiagnosticContext
+            ) -> torch.export.ExportedProgram:
+    """Non-strict export, captured as torch.onnx captures where dynamic shapes meet a
+    constraint torch's guards raise: once more without size specialization (MobileBERT's
+    ``seq - 1 != 1``, Wav2Vec2's frame arithmetic), then with the dimensions torch's
+    suggested fixes make static (Funnel's sequence), which a warning names. The first error
+    is raised if all fail."""
+    def export(shapes: Any) -> torch.export.ExportedProgram:
+        return torch.export.export(model, args, kwargs or {}, dynamic_shapes=shapes,
                                    strict=False)
+
+    try:
+        return export(dynamic_shapes)
     except ExportUserError as first:
         if dynamic_shapes is None:
             raise
         try:
             with size_oblivious():
-                return torch.export.export(model, args, kwargs or {},
-                                           dynamic_shapes=dynamic_shapes, strict=False)
+                return export(dynamic_shapes)
+        except Exception:
+            pass
+        try:
+            refined = torch.export.dynamic_shapes.refine_dynamic_shapes_from_suggested_fixes(
+                getattr(first, "msg", str(first)), dynamic_shapes)
         except Exception:
             raise first from None
+        program = None
+        for oblivious in (False, True):
+            try:
+                with size_oblivious() if oblivious else contextlib.nullcontext():
+                    program = export(refined)
+                break
+            except Exception:
+                continue
+        if program is None:
+            raise first
+        ctx.warn(rules.UNSUPPORTED_INPUT, Location(module_path=""), reason=(
+            f"dynamic_shapes: the model fixes what was marked dynamic, so it is exported as "
+            f"torch suggests ({_telling_line(first).split('Suggested fixes: ', 1)[-1]}); "
+            f"the file takes only those sizes there"))
+        return program
 
 
 def _telling_line(error: BaseException) -> str:

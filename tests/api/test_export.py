@@ -444,13 +444,27 @@ class EightOnly(nn.Module):
         return x * 2 if x.shape[1] == 8 else x
 
 
-def test_a_violated_constraint_names_the_guard() -> None:
-    """The first line said only "Constraints violated (seq)!"; torch's reason and its
-    suggested fix are kept."""
+def test_a_dimension_the_model_fixes_is_exported_static_with_a_warning() -> None:
+    """``x.shape[1] == 8`` fixes the dimension marked dynamic: torch.export refuses, torch.onnx
+    exports with torch's suggested fix (``seq = 8``) silently; here a warning says so."""
     dims = {1: torch.export.Dim("seq", max=60)}
-    with pytest.raises(om.OnnxModularError) as e:
-        om.export(EightOnly(), (torch.randn(2, 8),), dynamic_shapes=(dims,))
-    message = str(e.value)
-    assert "Constraints violated" in message and "specialized it to be a constant (8)" in message
-    assert "Suggested fixes: seq = 8" in message and "\n" not in message
-    assert "capture.py" not in message  # onnx_modular's frames are not the model's
+    result = om.export(EightOnly(), (torch.randn(2, 8),), dynamic_shapes=(dims,))
+    (warning,) = [d for d in result.diagnostics if d.level == om.Level.WARNING
+                  and "dynamic_shapes" in d.message]
+    assert "seq = 8" in warning.message
+    assert [d.dim_value for d in result.model_proto.graph.input[0].type.tensor_type.shape.dim] \
+        == [2, 8]
+
+
+def test_a_violated_constraint_keeps_torchs_reason_and_fix() -> None:
+    """The one line kept only "Constraints violated (seq)!"."""
+    from onnx_modular.lower.capture import _telling_line
+
+    dims = {1: torch.export.Dim("seq", max=60)}
+    with pytest.raises(Exception) as e:
+        torch.export.export(EightOnly(), (torch.randn(2, 8),), dynamic_shapes=(dims,),
+                            strict=False)
+    line = _telling_line(e.value)
+    assert line.startswith("Constraints violated (seq)!")
+    assert "specialized it to be a constant (8)" in line and "Suggested fixes: seq = 8" in line
+    assert "\n" not in line
