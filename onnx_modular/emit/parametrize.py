@@ -74,6 +74,21 @@ def _candidates(function: ir.Function) -> list[Slot]:
     return slots
 
 
+def _read_elsewhere(function: ir.Function) -> bool:
+    """A float scalar Constant of the body read where no slot reaches it: inside an
+    ``If``/``Loop`` branch, or returned as the function's output. Its value in the other
+    bodies would be lost (the branch kept the first body's), so the group is not merged."""
+    outputs = set(function.outputs)
+    for node in function:
+        if not _is_scalar_source(node):
+            continue
+        value = node.outputs[0]
+        if value in outputs or any(use.graph is not function.graph
+                                   for use, _ in value.uses()):
+            return True
+    return False
+
+
 def _value(nodes: list[ir.Node], slot: Slot) -> tuple[ir.Attr, ir.Node | None]:
     """The attribute holding ``slot``'s value, and the Constant node of a "const" slot."""
     kind, i, where = slot
@@ -114,6 +129,8 @@ def _parameters(group: Sequence[ir.Function],
     The first body may share one Constant between uses that other bodies keep apart (its
     ``x * 0.5`` and ``sigmoid(x) * 0.5`` where the next layer has ``x * 0.7``): uses join one
     parameter only where their values agree in every call, whichever Constant they read."""
+    if any(_read_elsewhere(f) for f in group):
+        return None
     bodies = [_computing(f) for f in group]
     by_source: dict[Any, Parameter] = {}
     order: list[Any] = []

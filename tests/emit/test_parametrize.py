@@ -6,11 +6,12 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnx_ir as ir
+import pytest
 
 from onnx_modular.emit.merge import merge_equal_functions
 from onnx_modular.emit.parametrize import merge_scalar_variants
 
-from .graphs import OPSET, calling, run, value
+from .graphs import FLOAT, OPSET, calling, run, value
 
 X = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
 
@@ -177,3 +178,46 @@ def test_a_shared_constant_whose_uses_vary_alike_stays_one() -> None:
     for a, b in scales:
         expected = expected * a + 1 / (1 + np.exp(-expected)) * b
     np.testing.assert_allclose(run(m, x=X)[0], expected, rtol=1e-5, atol=1e-6)
+
+
+def _branching(name: str, top: float, branch: float, shared: bool) -> ir.Function:
+    """``y = x * top``, then ``y * branch`` if ``sum(x) > 0`` else ``y``; with ``shared``
+    one Constant (``top``) serves the product and the branch."""
+    x = value("x")
+    c = ir.node("Constant", [], attributes={"value": ir.tensor(np.array(top, np.float32))})
+    cb = c if shared else \
+        ir.node("Constant", [], attributes={"value": ir.tensor(np.array(branch, np.float32))})
+    y = ir.node("Mul", [x, c.outputs[0]])
+    total = ir.node("ReduceSum", [x], attributes={"keepdims": 0})
+    zero = ir.node("Constant", [], attributes={"value": ir.tensor(np.array(0.0, np.float32))})
+    positive = ir.node("Greater", [total.outputs[0], zero.outputs[0]])
+    scaled = ir.node("Mul", [y.outputs[0], cb.outputs[0]])
+    scaled.outputs[0].name, scaled.outputs[0].type = f"{name}_then", FLOAT
+    kept = ir.node("Identity", [y.outputs[0]])
+    kept.outputs[0].name, kept.outputs[0].type = f"{name}_else", FLOAT
+    branches = {"then_branch": ir.Graph([], scaled.outputs, nodes=[scaled], name="then"),
+                "else_branch": ir.Graph([], kept.outputs, nodes=[kept], name="else")}
+    choice = ir.node("If", [positive.outputs[0]], attributes=branches)
+    nodes = [c, *([] if shared else [cb]), y, total, zero, positive, choice]
+    graph = ir.Graph([x], choice.outputs, nodes=nodes, opset_imports={"": OPSET}, name=name)
+    function = ir.Function("pkg", name, graph=graph, attributes=[])
+    function.doc_string = "pkg.Branching"
+    return function
+
+
+@pytest.mark.parametrize("specs", [
+    [(0.5, 0.5, True), (0.7, 0.5, False)],  # one Constant at top and in the branch, then two
+    [(0.5, 0.5, True), (0.7, 0.7, True)],  # one Constant each: the copy kept 0.5 in the branch
+    [(0.5, 0.3, False), (0.5, 0.9, False)],  # only the branch's differs: no slot reaches it
+])
+def test_a_scalar_a_branch_reads_is_not_parametrized(specs) -> None:
+    """Slots reach a body's own nodes only: a scalar an ``If`` branch reads kept the first
+    body's value in every call (|diff| 0.05-0.06, silently). Such bodies stay apart."""
+    m = calling([_branching(f"B_{i}" if i else "B", *s) for i, s in enumerate(specs)])
+    assert merge_scalar_variants(m) == []
+    x = np.abs(X)
+    expected = x
+    for top, branch, _ in specs:
+        y = expected * top
+        expected = y * branch if expected.sum() > 0 else y
+    np.testing.assert_allclose(run(m, x=x)[0], expected, rtol=1e-6)
