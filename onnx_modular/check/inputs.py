@@ -263,7 +263,8 @@ def random_inputs(model: onnx.ModelProto, seed: int = 0,
     """Inputs from the declared types and shapes; dynamic dims get ``DEFAULT_DIM``.
 
     A dimension dynamic in ``model`` but static in ``other`` takes ``other``'s size, so one
-    set of inputs fits both. Floats are standard normal; integers that index a table
+    set of inputs fits both (inputs pair by name where both name them alike, else by
+    position, as ``compare`` feeds them). Floats are standard normal; integers that index a table
     (``ranges``, from :func:`index_ranges`: an embedding's token ids) are uniform over its
     rows, so every row can be hit; other integers are 0 or 1 (masks, flags); bool is
     either. ``drawn`` receives one line per input saying what was drawn.
@@ -271,6 +272,10 @@ def random_inputs(model: onnx.ModelProto, seed: int = 0,
     ranges = ranges or {}
     rng = np.random.default_rng(seed)
     twins = declared_inputs(other) if other is not None else []
+    mine = [i.name for i in declared_inputs(model)]
+    if sorted(mine) == sorted(i.name for i in twins):  # named alike: paired by name
+        by_name = {i.name: i for i in twins}
+        twins = [by_name[name] for name in mine]
     symbols: dict[str, int] = {}
     shapes: list[tuple[str, list[int], Any]] = []
     for k, info in enumerate(declared_inputs(model)):

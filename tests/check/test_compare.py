@@ -198,9 +198,12 @@ def test_large_models_are_compared_without_prepacked_weights(twins, monkeypatch,
     assert prepacked == [False] * 4
 
 
-def _difference(order: tuple[str, str]) -> onnx.ModelProto:
-    """``y = x - w``, its two inputs declared in ``order``."""
-    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [4, 8]) for n in order]
+def _difference(order: tuple[str, str], shapes: dict[str, list] | None = None
+                ) -> onnx.ModelProto:
+    """``y = x - w``, its two inputs declared in ``order`` (``[4, 8]`` unless ``shapes``)."""
+    shapes = shapes or {}
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, shapes.get(n, [4, 8]))
+              for n in order]
     graph = helper.make_graph([helper.make_node("Sub", ["x", "w"], ["y"])], "sub", inputs,
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
@@ -217,3 +220,11 @@ def test_inputs_declared_in_another_order_are_fed_by_name() -> None:
     other = _difference(("x", "w"))
     other.graph.node[0].input[:] = ["w", "x"]  # w - x: really different
     assert not om.compare(a, other, inputs=[x, w]).to_dict()["equivalent"]
+
+
+def test_random_inputs_take_sizes_from_the_input_of_the_same_name() -> None:
+    """a's ``x`` is ``[N, 8]``; b declares ``w`` first and ``x`` as ``[3, 8]``: N was drawn
+    from b's first input (``w``, ``[4, 8]``) and b refused its ``x``."""
+    a = _difference(("x", "w"), {"x": ["N", 8], "w": [1, 8]})
+    b = _difference(("w", "x"), {"x": [3, 8], "w": [1, 8]})
+    assert om.compare(a, b).to_dict()["equivalent"]
