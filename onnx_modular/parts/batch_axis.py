@@ -765,11 +765,8 @@ class _Analysis:
             self.give_up(node, "slices axes computed at run time")
             return
         axes_list = [self.normalized(int(a), state.rank) for a in axes.reshape(-1)]
-        if any(_is_size(s) for s in states[1:]) and not (
-                axes_list == [state.axis] and self._whole_batch(node, state)):
-            # ``roll`` along the batch (``x[-1:]``, ``x[:-1]``), or another axis cut to the
-            # batch size: a request's rows would depend on what is batched with it
-            self.give_up(node, "slices by bounds computed from the batch size", mixing=True)
+        if any(_is_size(s) for s in states[1:]) and not self._sized_bounds(
+                node, states, state, axes_list):
             return
         if state.axis in axes_list:
             steps_value = node.inputs[4] if len(node.inputs) > 4 else None
@@ -785,9 +782,28 @@ class _Analysis:
             return
         self.set_outputs(node, [state])
 
+    def _sized_bounds(self, node: ir.Node, states: list[State], state: Batch,
+                      axes: list[int]) -> bool:
+        """Slice bounds computed from the batch size: fine on the batch axis where the
+        slice provably keeps all of it (``x[:b]``); ``roll`` along the batch (``x[-1:]``,
+        ``x[:-1]``, sizes ONNX's inference cannot name) or another axis cut to the batch
+        size mixes requests. False: reported."""
+        if any(_is_size(s) for s in states[3:]):
+            self.give_up(node, "slices axes or steps computed from the batch size")
+            return False
+        masks = [self.mask(s, v) for s, v in zip(states[1:3], node.inputs[1:3])]
+        for k, axis in enumerate(axes):
+            sized = [m[k] if m is not None and k < len(m) else _is_size(s)
+                     for m, s in zip(masks, states[1:3])]
+            if any(sized) and (axis != state.axis or not self._whole_batch(node, state)):
+                self.give_up(node, "slices by bounds computed from the batch size",
+                             mixing=True)
+                return False
+        return True
+
     def _whole_batch(self, node: ir.Node, state: Batch) -> bool:
-        """A slice of the batch axis keeping all of it (``x[:b]``, ``b`` its own size): its
-        output has the batch dimension itself there, and steps of 1."""
+        """Does a slice of the batch axis provably keep all of it (``x[:b]``, ``b`` its own
+        size)? Its output has the batch dimension itself there, and steps of 1."""
         whole = self.dims(node.outputs[0])
         steps = self.const(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] \
             is not None else np.ones(1, np.int64)

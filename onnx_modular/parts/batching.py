@@ -121,9 +121,11 @@ def batch_symbol(model_graph: ir.Graph, batch_dim: str,
     if batch_dim in known:
         return known[batch_dim]
     if known:
-        raise ValueError(f"the model's dynamic dimensions are "
-                         f"{', '.join(f'{n} ({s})' for n, s in sorted(known.items()))}; "
-                         f"none is named {batch_dim!r}")
+        unnamed = sorted(names - set(known.values()))
+        listed = [f"{n} ({s})" for n, s in sorted(known.items())] + \
+            [f"{s} (unnamed)" for s in unnamed]
+        raise ValueError(f"the model's dynamic dimensions are {', '.join(listed)}; none is "
+                         f"named {batch_dim!r} (give a Dim's name or a dimension's symbol)")
     inputs = list(model_graph.inputs)
     first = _first_dim(inputs[0]) if inputs else None
     return first if isinstance(first, str) else None
