@@ -256,6 +256,17 @@ def index_ranges(model: ir.Model) -> dict[str, tuple[int, str]]:
 DEFAULT_INT_HIGH = 2
 
 
+def _twins(model: onnx.ModelProto, other: onnx.ModelProto | None) -> list[Any]:
+    """``other``'s declared inputs in the order of ``model``'s: by name where both name
+    them alike, else as declared (paired by position)."""
+    twins = declared_inputs(other) if other is not None else []
+    mine = [i.name for i in declared_inputs(model)]
+    if sorted(mine) == sorted(i.name for i in twins):
+        by_name = {i.name: i for i in twins}
+        return [by_name[name] for name in mine]
+    return list(twins)
+
+
 def random_inputs(model: onnx.ModelProto, seed: int = 0,
                   other: onnx.ModelProto | None = None,
                   ranges: Mapping[str, tuple[int, str]] | None = None,
@@ -271,11 +282,7 @@ def random_inputs(model: onnx.ModelProto, seed: int = 0,
     """
     ranges = ranges or {}
     rng = np.random.default_rng(seed)
-    twins = declared_inputs(other) if other is not None else []
-    mine = [i.name for i in declared_inputs(model)]
-    if sorted(mine) == sorted(i.name for i in twins):  # named alike: paired by name
-        by_name = {i.name: i for i in twins}
-        twins = [by_name[name] for name in mine]
+    twins = _twins(model, other)
     symbols: dict[str, int] = {}
     shapes: list[tuple[str, list[int], Any]] = []
     for k, info in enumerate(declared_inputs(model)):

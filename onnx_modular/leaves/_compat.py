@@ -349,6 +349,12 @@ def torchscript_defaults() -> dict[str, Any]:
 ExportUserError: type[Exception] = torch._dynamo.exc.UserError
 
 
+def is_constraint_violation(error: BaseException) -> bool:
+    """torch.export's "Constraints violated" (not its other user errors)."""
+    kind = getattr(torch._dynamo.exc.UserErrorType, "CONSTRAINT_VIOLATION", None)
+    return isinstance(error, ExportUserError) and getattr(error, "error_type", None) == kind
+
+
 def size_oblivious() -> contextlib.AbstractContextManager[None]:
     """torch.export without specializing dims whose example size is 0 or 1 (a decoder step
     of one token, a batch of one) when they are marked dynamic."""

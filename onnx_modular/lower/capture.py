@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -22,6 +23,7 @@ from onnx_modular.leaves._checkpoint import (
 )
 from onnx_modular.leaves._compat import (
     ExportUserError,
+    is_constraint_violation,
     quiet_libraries,
     size_oblivious,
     tree_leaves,
@@ -73,7 +75,7 @@ def _export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: ExampleKwargs
     """Non-strict export, captured as torch.onnx captures where dynamic shapes meet a
     constraint torch's guards raise: once more without size specialization (MobileBERT's
     ``seq - 1 != 1``, Wav2Vec2's frame arithmetic), then with the dimensions torch's
-    suggested fixes make static (Funnel's sequence), which a warning names. The first error
+    suggested fixes make static (Funnel's sequence); a warning says which. The first error
     is raised if all fail."""
     def export(shapes: Any) -> torch.export.ExportedProgram:
         return torch.export.export(model, args, kwargs or {}, dynamic_shapes=shapes,
@@ -82,33 +84,53 @@ def _export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: ExampleKwargs
     try:
         return export(dynamic_shapes)
     except ExportUserError as first:
-        if dynamic_shapes is None:
+        if dynamic_shapes is None or not is_constraint_violation(first):
             raise
-        try:
-            with size_oblivious():
-                return export(dynamic_shapes)
-        except Exception:
-            pass
-        try:
-            refined = torch.export.dynamic_shapes.refine_dynamic_shapes_from_suggested_fixes(
-                getattr(first, "msg", str(first)), dynamic_shapes)
-        except Exception:
-            raise first from None
-        program = None
-        for oblivious in (False, True):
-            try:
-                with size_oblivious() if oblivious else contextlib.nullcontext():
-                    program = export(refined)
-                break
-            except Exception:
-                continue
+        program = _without_specialization(export, dynamic_shapes, first, ctx) \
+            or _as_suggested(export, dynamic_shapes, first, ctx)
         if program is None:
-            raise first
-        ctx.warn(rules.UNSUPPORTED_INPUT, Location(module_path=""), reason=(
-            f"dynamic_shapes: the model fixes what was marked dynamic, so it is exported as "
-            f"torch suggests ({_telling_line(first).split('Suggested fixes: ', 1)[-1]}); "
-            f"the file takes only those sizes there"))
+            raise
         return program
+
+
+def _without_specialization(export: Callable[[Any], torch.export.ExportedProgram],
+                            shapes: Any, first: BaseException, ctx: DiagnosticContext
+                            ) -> torch.export.ExportedProgram | None:
+    try:
+        with size_oblivious():
+            program = export(shapes)
+    except Exception:
+        return None
+    ctx.warn(rules.UNSUPPORTED_INPUT, Location(module_path=""), reason=(
+        "dynamic_shapes: captured without size specialization, as torch.onnx captures "
+        f"({_telling_line(first).split('! ', 1)[-1][:200]}): the file assumes those sizes "
+        "are never 0 or 1 where the model branches on them; validate at such sizes if you "
+        "use them"))
+    return program
+
+
+def _as_suggested(export: Callable[[Any], torch.export.ExportedProgram], shapes: Any,
+                  first: BaseException, ctx: DiagnosticContext
+                  ) -> torch.export.ExportedProgram | None:
+    """The export with torch's suggested fixes applied (``seq = 8``), with and without
+    size specialization; None where there are none or it still fails."""
+    try:
+        refined = torch.export.dynamic_shapes.refine_dynamic_shapes_from_suggested_fixes(
+            getattr(first, "msg", str(first)), shapes)
+    except Exception:
+        return None
+    for oblivious in (False, True):
+        try:
+            with size_oblivious() if oblivious else contextlib.nullcontext():
+                program = export(refined)
+        except Exception:
+            continue
+        ctx.warn(rules.UNSUPPORTED_INPUT, Location(module_path=""), reason=(
+            "dynamic_shapes: the model fixes what was marked dynamic, so it is exported as "
+            f"torch suggests ({_telling_line(first).split('Suggested fixes: ', 1)[-1]}); "
+            "the file takes only those sizes there"))
+        return program
+    return None
 
 
 def _telling_line(error: BaseException) -> str:
