@@ -389,3 +389,19 @@ def test_batch_dim_names_the_dim_it_was_given_for_not_the_first_axis(tmp_path) -
     with pytest.raises(om.OnnxModularError, match=r"without the batch dimension 's\d+' first"):
         stages.save_triton(tmp_path / "repo", batch_dim="batch")
     assert not (tmp_path / "repo").exists()
+
+
+class ScaledTotal(nn.Module):
+    def forward(self, x: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (x * scale).sum(), x * 2
+
+
+def test_a_scalar_model_input_of_an_unbatched_set_is_refused_before_writing(tmp_path) -> None:
+    """A 0-d model input or output was written as ``dims [1]`` reshaped to ``[]``, which
+    Triton refuses in a model without batching: the repository did not load."""
+    program = torch.export.export(ScaledTotal(), (torch.randn(3, 4), torch.tensor(2.0)),
+                                  strict=False)
+    stages = om.split_stages(program, num_stages=1)
+    with pytest.raises(om.OnnxModularError, match="0-d model input or output"):
+        stages.save_triton(tmp_path / "repo")
+    assert not (tmp_path / "repo").exists()

@@ -77,3 +77,18 @@ def test_the_ensemble_pins_the_sets_version_and_keeps_the_note() -> None:
     returned = SimpleNamespace(inputs=[X], outputs=[X])
     with pytest.raises(OnnxModularError, match="model input returned as is"):
         ensemble_config(returned, steps, TritonOptions(name="m"), STAMP)
+
+
+def test_a_per_row_scalar_is_batch_by_one_in_the_ensemble_and_reshaped_in_its_step() -> None:
+    """Triton checks an ensemble tensor after its reshape against its step's before it:
+    ``[batch]`` reshaped in both was ``[-1]`` against ``[-1, 1]``, and the ensemble did not
+    load."""
+    score = value("score", "s0")
+    steps = [("m_stage_0", part("stage_0", [X], [score]))]
+    options = TritonOptions(name="m", max_batch_size=4)
+    ensemble = ensemble_config(SimpleNamespace(inputs=[X], outputs=[score]), steps, options,
+                               STAMP)
+    step = part_config("m_stage_0", steps[0][1], checked(options, ["stage_0"]), STAMP)
+    assert list(ensemble.output[0].dims) == [1] and not ensemble.output[0].HasField("reshape")
+    assert list(step.output[0].dims) == [1] and step.output[0].HasField("reshape")
+    assert list(step.output[0].reshape.shape) == []
