@@ -283,8 +283,8 @@ class ValidationReport(Report):
         if first.call_id != first.module_path:
             text += f" (its call {first.call_id})"
         if first.inherited:
-            text += (" whose inputs differ already: the error starts before it, in operations"
-                     " outside any module call (the parent module's own code)")
+            text += (" whose inputs differ already: the error likely starts before it, in "
+                     "operations outside any module call (the parent module's own code)")
         return text
 
     def __rich__(self) -> Any:

@@ -221,7 +221,7 @@ def _own_constant(function: ir.Function, nodes: list[ir.Node], slots: list[Slot]
             n += 1
             name = f"{constant.outputs[0].name}_own{n}"
         copy = ir.Node("", "Constant", [], attributes=[constant.attributes["value"]],
-                       name=f"{constant.name}_own{n}", num_outputs=1)
+                       name=name, num_outputs=1)
         copy.outputs[0].name = name
         copy.outputs[0].type, copy.outputs[0].shape = \
             constant.outputs[0].type, constant.outputs[0].shape

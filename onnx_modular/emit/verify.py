@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import onnx
 import onnx.inliner
@@ -63,11 +63,11 @@ def _without_weights(model: ir.Model) -> Iterator[None]:
 EXAMPLE_HINT = "do the example inputs fit the model? eager torch would fail on them too"
 
 
-def verify(model: ir.Model, what: str = "the exported model", hint: str = EXAMPLE_HINT
-           ) -> None:
+def verify(model: ir.Model, what: str = "the exported model",
+           hint: str | Callable[[], str] = EXAMPLE_HINT) -> None:
     """Strict type and shape inference over the model; one clear error on a failure.
     ``what`` names the model, ``hint`` says why it may be invalid when its functions
-    inlined are invalid too (not an outlining defect then)."""
+    inlined are invalid too (not an outlining defect then); a callable is asked only then."""
     with _without_weights(model):
         proto = ir.serde.serialize_model(model)
     try:
@@ -79,7 +79,8 @@ def verify(model: ir.Model, what: str = "the exported model", hint: str = EXAMPL
         location, where = _locate(model, text)
         why = text.rsplit("):", 1)[-1].strip() or text
         hint = ("an onnx_modular defect: the same model with its functions inlined is "
-                "valid; please report it" if _valid_when_inlined(proto) else hint)
+                "valid; please report it" if _valid_when_inlined(proto) else
+                hint if isinstance(hint, str) else hint())
         raise fail(f"{what} is invalid{where}: {why} ({hint})", rules.TRANSLATION,
                    location) from e
 
