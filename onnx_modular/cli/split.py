@@ -49,9 +49,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "(default: GPUs where the server has them, else CPU), gpu or cpu; CPU "
                    "regions are always cpu")
     p.add_argument("--triton-batch-dim", metavar="NAME", default=None,
-                   help="state that the inputs' dynamic first dimension is the batch: batch "
-                   "in Triton where the analysis cannot prove it (ops that mix rows along it "
-                   "still refuse)")
+                   help="state that the dynamic dimension NAME (the Dim the program was "
+                   "exported with, or its s<N> symbol; every input's first) is the batch: "
+                   "batch in Triton where the analysis cannot prove it (ops that mix rows "
+                   "along it still refuse)")
     p.add_argument("--min-acc-size", type=_count(0), default=1, metavar="N",
                    help="acc regions of fewer nodes go to the CPU (default 1)")
     p.add_argument("--max-acc-splits", type=_count(1, -1), default=-1, metavar="N",
