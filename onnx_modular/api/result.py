@@ -165,8 +165,9 @@ class SplitResult:
         to batch with), where a graph analysis proves no op mixes rows along it (else 0,
         ``note`` says why); ``batch_dim``: states that the dimension of that name (the ``Dim``
         the program was exported with, or its ``s<N>`` symbol), axis 0 of every input, is
-        the batch where the analysis cannot prove it; ``external_data``: weights beside each model in
-        ``model.onnx.<id>.data`` (``None``: only above 2 GB). See :func:`save_triton`.
+        the batch where the analysis cannot prove it; ``external_data``: weights beside
+        each model in ``model.onnx.<id>.data`` (``None``: only above 2 GB). See
+        :func:`save_triton`.
         """
         options = TritonOptions(name=name, instances=instances, gpus=gpus, kind=kind,
                                 max_batch_size=max_batch_size,
