@@ -22,7 +22,13 @@ import onnx_ir as ir
 from onnx_ir.passes.common.inliner import InlinePass
 
 from onnx_modular.check.compare_report import CompareReport, ModelFacts, OutputDiff
-from onnx_modular.check.inputs import declared_inputs, index_ranges, input_signature, random_inputs
+from onnx_modular.check.inputs import (
+    declared_inputs,
+    feeding_names,
+    index_ranges,
+    input_signature,
+    random_inputs,
+)
 from onnx_modular.check.inputs import feeds as bind_feeds
 from onnx_modular.check.module_diff import ModuleComparison, compare_modules, labelled_calls
 from onnx_modular.check.numerics import check_value
@@ -83,15 +89,6 @@ def _facts(loaded: runtime.LoadedModel) -> tuple[ModelFacts, ir.Model]:
                       _topology(model.graph)), model
 
 
-def _feeding(names_a: list[str], names_b: list[str]) -> list[str]:
-    """For each input of b, the input of a whose value it takes: the one of its name where
-    both models name the same inputs (in whatever order they declare them), else the one at
-    its position."""
-    if sorted(names_a) == sorted(names_b):
-        return list(names_b)
-    return list(names_a[:len(names_b)])
-
-
 def _random_feeds(la: runtime.LoadedModel, ma: ir.Model, lb: runtime.LoadedModel,
                   mb: ir.Model, drawn: list[str]) -> dict[str, Any]:
     """Random inputs fitting both models; an index input is drawn over the rows of the
@@ -100,7 +97,7 @@ def _random_feeds(la: runtime.LoadedModel, ma: ir.Model, lb: runtime.LoadedModel
     theirs = index_ranges(mb)
     names_b = [i.name for i in declared_inputs(lb.proto)]
     names_a = [i.name for i in declared_inputs(la.proto)]
-    partner = dict(zip(_feeding(names_a, names_b), names_b, strict=False))
+    partner = dict(zip(feeding_names(names_a, names_b), names_b, strict=False))
     for info in declared_inputs(la.proto):
         other = theirs.get(partner[info.name]) if info.name in partner else None
         if other is not None and (info.name not in ranges or other[0] < ranges[info.name][0]):
@@ -129,7 +126,7 @@ def compare(a: runtime.OnnxModelSource, b: runtime.OnnxModelSource, inputs: Any 
     names_a = [i.name for i in declared_inputs(la.proto)]
     names_b = [i.name for i in declared_inputs(lb.proto)]
     sig_a = dict(zip(names_a, input_signature(la.proto), strict=True))
-    sig_b = dict(zip(_feeding(names_a, names_b), input_signature(lb.proto), strict=False))
+    sig_b = dict(zip(feeding_names(names_a, names_b), input_signature(lb.proto), strict=False))
     if len(names_a) != len(names_b) or any(sig_a[n] != sig_b[n] for n in sig_b):
         reasons.append(f"input signatures differ: {input_signature(la.proto)} vs "
                        f"{input_signature(lb.proto)}")
@@ -149,7 +146,7 @@ def compare(a: runtime.OnnxModelSource, b: runtime.OnnxModelSource, inputs: Any 
         for which, loaded, facts in (("a", la, fa), ("b", lb, fb)):
             with SessionRunner.open(loaded, chosen) as session:  # one model's weights at a time
                 feed = {mine: given[theirs] for mine, theirs in zip(
-                    session.input_names, _feeding(list(given), session.input_names),
+                    session.input_names, feeding_names(list(given), session.input_names),
                     strict=True)}
                 try:
                     out = session.run(Inputs(feeds=feed))

@@ -256,15 +256,22 @@ def index_ranges(model: ir.Model) -> dict[str, tuple[int, str]]:
 DEFAULT_INT_HIGH = 2
 
 
+def feeding_names(names_a: list[str], names_b: list[str]) -> list[str]:
+    """For each input of model b, the input of model a whose value it takes: the one of its
+    name where both models name the same inputs (in whatever order they declare them), else
+    the one at its position."""
+    if sorted(names_a) == sorted(names_b):
+        return list(names_b)
+    return list(names_a[:len(names_b)])
+
+
 def _twins(model: onnx.ModelProto, other: onnx.ModelProto | None) -> list[Any]:
-    """``other``'s declared inputs in the order of ``model``'s: by name where both name
-    them alike, else as declared (paired by position)."""
-    twins = declared_inputs(other) if other is not None else []
+    """For each of ``model``'s declared inputs, the input of ``other`` it pairs with (as
+    :func:`feeding_names` pairs them), or None."""
+    theirs = declared_inputs(other) if other is not None else []
     mine = [i.name for i in declared_inputs(model)]
-    if sorted(mine) == sorted(i.name for i in twins):
-        by_name = {i.name: i for i in twins}
-        return [by_name[name] for name in mine]
-    return list(twins)
+    partner = dict(zip(feeding_names(mine, [i.name for i in theirs]), theirs, strict=False))
+    return [partner.get(name) for name in mine]
 
 
 def random_inputs(model: onnx.ModelProto, seed: int = 0,
@@ -295,7 +302,7 @@ def random_inputs(model: onnx.ModelProto, seed: int = 0,
         except Exception as e:  # UNDEFINED or a number no ONNX type has
             raise fail(f"{where} has element type {ttype.elem_type}, of which random "
                        "inputs cannot be made; give inputs explicitly") from e
-        twin = list(twins[k].type.tensor_type.shape.dim) if k < len(twins) else []
+        twin = list(twins[k].type.tensor_type.shape.dim) if twins[k] is not None else []
         shape = []
         for d, dim in enumerate(ttype.shape.dim):
             if not dim.HasField("dim_value") and d < len(twin) and twin[d].HasField("dim_value"):

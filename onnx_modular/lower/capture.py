@@ -101,11 +101,11 @@ def _without_specialization(export: Callable[[Any], torch.export.ExportedProgram
             program = export(shapes)
     except Exception:
         return None
+    head, reason, _ = _constraint_parts(first)
     ctx.warn(rules.UNSUPPORTED_INPUT, Location(module_path=""), reason=(
-        "dynamic_shapes: captured without size specialization, as torch.onnx captures "
-        f"({_telling_line(first).split('! ', 1)[-1][:200]}): the file assumes those sizes "
-        "are never 0 or 1 where the model branches on them; validate at such sizes if you "
-        "use them"))
+        f"dynamic_shapes: captured without size specialization, as torch.onnx captures "
+        f"({reason or head}): the file assumes those sizes are never 0 or 1 where the model "
+        "branches on them; validate at such sizes if you use them"))
     return program
 
 
@@ -127,16 +127,16 @@ def _as_suggested(export: Callable[[Any], torch.export.ExportedProgram], shapes:
             continue
         ctx.warn(rules.UNSUPPORTED_INPUT, Location(module_path=""), reason=(
             "dynamic_shapes: the model fixes what was marked dynamic, so it is exported as "
-            f"torch suggests ({_telling_line(first).split('Suggested fixes: ', 1)[-1]}); "
+            f"torch suggests ({'; '.join(_constraint_parts(first)[2])}); "
             "the file takes only those sizes there"))
         return program
     return None
 
 
-def _telling_line(error: BaseException) -> str:
-    """The first line of an export error, with what a constraint violation adds below it:
-    the first reason (``You marked seq as dynamic but your code specialized it ...``, ``Not
-    all values of s ... satisfy the generated guard ...``) and torch's suggested fixes."""
+def _constraint_parts(error: BaseException) -> tuple[str, str | None, list[str]]:
+    """An export error's first line, and what a constraint violation adds below it: the
+    first reason (``You marked seq as dynamic but your code specialized it ...``, ``Not all
+    values of s ... satisfy the generated guard ...``) and torch's suggested fixes."""
     lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
     first = lines[0] if lines else ""
     reason = next((line.removeprefix("- ") for line in lines[1:]
@@ -147,9 +147,14 @@ def _telling_line(error: BaseException) -> str:
             if "=" not in line or line.startswith("The error above"):
                 break
             fixes.append(line)
-    parts = [first, *([reason] if reason else []),
-             *([f"Suggested fixes: {'; '.join(fixes)}"] if fixes else [])]
-    return " ".join(parts)
+    return first, reason, fixes
+
+
+def _telling_line(error: BaseException) -> str:
+    """:func:`_constraint_parts` as one line."""
+    first, reason, fixes = _constraint_parts(error)
+    return " ".join([first, *([reason] if reason else []),
+                     *([f"Suggested fixes: {'; '.join(fixes)}"] if fixes else [])])
 
 
 def _warn_empty_inputs(args: tuple[Any, ...], kwargs: ExampleKwargs | None,
