@@ -140,6 +140,12 @@ class ValidationReport(Report):
         return loc.first.module_path if loc is not None and loc.first is not None else None
 
     @property
+    def first_mismatch_call(self) -> str | None:
+        """Call id of that call (``shared@1``: the second call of ``shared``), or None."""
+        loc = self.localization
+        return loc.first.call_id if loc is not None and loc.first is not None else None
+
+    @property
     def first_own_mismatch(self) -> str | None:
         """Call id of the first module call whose own error (the call alone on torch's
         inputs of it) leaves tolerance, or None: the layer a conversion hurts first."""
@@ -166,9 +172,7 @@ class ValidationReport(Report):
             "model": self.model,
             "ok": self.ok,
             "first_mismatch": self.first_mismatch,
-            "first_mismatch_call": (self.localization.first.call_id
-                                    if self.localization is not None
-                                    and self.localization.first is not None else None),
+            "first_mismatch_call": self.first_mismatch_call,
             "torch_s": self.torch_s,
             "providers": {r.provider: r.to_dict() for r in self.results},
             "skipped": dict(self.skipped),

@@ -784,9 +784,9 @@ class _Analysis:
 
     def _sized_bounds(self, node: ir.Node, states: list[State], state: Batch,
                       axes: list[int]) -> bool:
-        """Slice bounds computed from the batch size: fine on the batch axis where the
-        slice provably keeps all of it (``x[:b]``); ``roll`` along the batch (``x[-1:]``,
-        ``x[:-1]``, sizes ONNX's inference cannot name) or another axis cut to the batch
+        """Slice bounds computed from the batch size: on the batch axis the slice must keep
+        all of it (``x[:b]``; ``roll``'s ``x[-1:]``, ``x[:-1]`` do not), which
+        :meth:`op_Slice` checks of every slice of that axis; another axis cut to the batch
         size mixes requests. False: reported."""
         if any(_is_size(s) for s in states[3:]):
             self.give_up(node, "slices axes or steps computed from the batch size")
@@ -795,20 +795,11 @@ class _Analysis:
         for k, axis in enumerate(axes):
             sized = [m[k] if m is not None and k < len(m) else _is_size(s)
                      for m, s in zip(masks, states[1:3])]
-            if any(sized) and (axis != state.axis or not self._whole_batch(node, state)):
+            if any(sized) and axis != state.axis:
                 self.give_up(node, "slices by bounds computed from the batch size",
                              mixing=True)
                 return False
         return True
-
-    def _whole_batch(self, node: ir.Node, state: Batch) -> bool:
-        """Does a slice of the batch axis provably keep all of it (``x[:b]``, ``b`` its own
-        size)? Its output has the batch dimension itself there, and steps of 1."""
-        whole = self.dims(node.outputs[0])
-        steps = self.const(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] \
-            is not None else np.ones(1, np.int64)
-        return whole is not None and self.is_batch_dim(whole[state.axis]) and \
-            steps is not None and bool((steps == 1).all())
 
     def op_Pad(self, node: ir.Node, states: list[State]) -> None:  # noqa: N802
         state = states[0]

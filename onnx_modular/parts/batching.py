@@ -33,6 +33,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnx_modular.emit.regions import RegionGraph
+from onnx_modular.leaves.errors import fail
 from onnx_modular.parts.batch_axis import Batch, analyze
 from onnx_modular.parts.manifest import shape_of
 
@@ -162,8 +163,15 @@ def prove_batching(model_graph: ir.Graph, parts: Sequence[RegionGraph], plan: Ba
 
 def plan_scalars(model_graph: ir.Graph, parts: Sequence[RegionGraph]) -> BatchPlan:
     """Unbatched parts: the 0-d tensors crossing a cut (Triton takes no scalar tensor in a
-    model without batching), passed as ``[1]`` and squeezed back by the reader."""
+    model without batching), passed as ``[1]`` and squeezed back by the reader; a 0-d model
+    input or output is refused (its clients would have to send and read ``[1]``)."""
     ends = {v.name for v in [*model_graph.inputs, *model_graph.outputs]}
+    scalar = next((v.name for v in [*model_graph.inputs, *model_graph.outputs]
+                   if v.shape is not None and len(v.shape) == 0), None)
+    if scalar is not None:
+        raise fail(f"'{scalar}' is a 0-d model input or output: Triton takes no scalar "
+                   "tensor in a model without batching (return or take it as a 1-element "
+                   "tensor, or export with a dynamic batch)")
     plan = BatchPlan(None)
     for part in parts:
         graph = part.model.graph

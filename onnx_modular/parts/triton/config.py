@@ -124,8 +124,9 @@ def _data_type(value: Any, part: str) -> int:
 
 def _tensor(message: Any, value: Any, part: str, batched: bool, reshape: bool = True) -> None:
     """``reshape`` False (the ensemble's tensors): a ``[batch]`` tensor is ``[batch, 1]``
-    to its clients. Triton checks an ensemble tensor's shape after its reshape against the
-    step's before it (``[-1]`` against ``[-1, 1]``: the ensemble did not load)."""
+    to its clients (an unbatched set has no 0-d model tensor: ``plan_scalars`` refuses it).
+    Triton checks an ensemble tensor's shape after its reshape against the step's before
+    it (``[-1]`` against ``[-1, 1]``: the ensemble did not load)."""
     message.name = value.name
     message.data_type = _data_type(value, part)
     dims = _dims(value, part, batched)
@@ -133,7 +134,7 @@ def _tensor(message: Any, value: Any, part: str, batched: bool, reshape: bool = 
         message.dims.extend(dims)
     else:  # a scalar (or [batch]): Triton wants dims, so [1], reshaped to [] for the model
         message.dims.append(1)
-        if reshape or not batched:
+        if reshape:
             message.reshape.SetInParent()
 
 

@@ -94,12 +94,6 @@ def save_triton(repo: str | os.PathLike[str], model_graph: ir.Graph, parts: Sequ
         options = dataclasses.replace(
             options, max_batch_size=DEFAULT_MAX_BATCH_SIZE if plan.symbol else 0)
     if options.max_batch_size == 0:
-        scalars = [v.name for v in [*model_graph.inputs, *model_graph.outputs]
-                   if v.shape is not None and len(v.shape) == 0]
-        if scalars:
-            raise fail(f"'{scalars[0]}' is a 0-d model input or output: Triton takes no "
-                       "scalar tensor in a model without batching (return or take it as a "
-                       "1-element tensor, or export with a dynamic batch)")
         plan = plan_scalars(model_graph, live)
     with batched_parts(live, plan):
         saved = _save(out, model_graph, live, options, note)
