@@ -146,16 +146,22 @@ def returns_nothing(target: Any) -> bool:
     return isinstance(target, OpOverload) and not target._schema.returns
 
 
-def is_pure_aten_like(target: Any) -> bool:
-    """An operator overload that mutates nothing (its schema has no ``!`` annotation)."""
-    return isinstance(target, OpOverload) and not target._schema.is_mutable
-
-
 def returns_alias(target: Any) -> bool:
     """An operator whose result may be a view of an input (``view``, ``transpose``); True for
     anything that is not an operator overload."""
     schema = getattr(target, "_schema", None)
     return schema is None or any(r.alias_info is not None for r in schema.returns)
+
+
+def alias_arguments(target: Any) -> list[tuple[int, str, bool]] | None:
+    """(position, name, written) of each argument an operator's result may share storage
+    with or that it writes in place (``Tensor(a!) self``); None for anything that is not an
+    operator overload."""
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return None
+    return [(i, a.name, a.alias_info.is_write) for i, a in enumerate(schema.arguments)
+            if a.alias_info is not None]
 
 
 def qualified_name(target: Any) -> str:
@@ -218,6 +224,66 @@ def _registry(opset: int) -> Any:
     return _EXPORTER[1](opset_version=opset)
 
 
+_FIXED_COSTS_LOCK = threading.Lock()
+_fixed_costs_users = 0
+
+
+@contextlib.contextmanager
+def _decomposition_fixed_costs_once() -> Iterator[None]:
+    """Two fixed costs of every torch.onnx decomposition paid once (0.1-0.2 s of a small
+    model's 1-3 s export), with the same results: torch.onnx builds its decomposition table
+    from the registry's operators on each call, and ``run_decompositions`` asks the C++
+    dispatcher for every CompositeImplicitAutograd operator once per operator namespace
+    (about 60 times, 2 ms each) to make each reachable as ``torch.ops.<ns>.<op>``, which
+    the first time already did. Patched only while a decomposition here runs."""
+    global _fixed_costs_users
+    try:
+        from torch._export import utils as export_utils
+        from torch.onnx._internal.exporter import _decomp
+        table_maker = _decomp.create_onnx_friendly_decomposition_table
+        materialize = export_utils._materialize_cpp_cia_ops
+    except (ImportError, AttributeError):
+        yield
+        return
+    with _FIXED_COSTS_LOCK:
+        _fixed_costs_users += 1
+        if _fixed_costs_users == 1:
+            _decomp.create_onnx_friendly_decomposition_table = _cached_table(table_maker)
+            export_utils._materialize_cpp_cia_ops = _once_per_decomposition(materialize)
+    try:
+        yield
+    finally:
+        with _FIXED_COSTS_LOCK:
+            _fixed_costs_users -= 1
+            if _fixed_costs_users == 0:
+                _decomp.create_onnx_friendly_decomposition_table = table_maker
+                export_utils._materialize_cpp_cia_ops = materialize
+
+
+_TABLES: dict[frozenset[Any], dict[Any, Callable[..., Any]]] = {}
+
+
+def _cached_table(make: Callable[..., dict[Any, Callable[..., Any]]]
+                  ) -> Callable[..., dict[Any, Callable[..., Any]]]:
+    def table(onnx_registered_ops: set[Any]) -> dict[Any, Callable[..., Any]]:
+        key = frozenset(onnx_registered_ops)
+        if key not in _TABLES:
+            _TABLES[key] = make(onnx_registered_ops)
+        return dict(_TABLES[key])  # a copy: the caller may change it
+    return table
+
+
+def _once_per_decomposition(materialize: Callable[[], None]) -> Callable[[], None]:
+    done = False
+
+    def once() -> None:
+        nonlocal done
+        if not done:
+            materialize()
+            done = True
+    return once
+
+
 def torch_onnx_export(program: torch.export.ExportedProgram, opset: int | None,
                       between: Callable[[torch.export.ExportedProgram],
                                         torch.export.ExportedProgram] | None = None) -> Any:
@@ -234,8 +300,9 @@ def torch_onnx_export(program: torch.export.ExportedProgram, opset: int | None,
     opset = default_opset() if opset is None else opset
     registry = _registry(max(opset, torchlib_opset()))
     if between is None:
-        return _EXPORTER[0](program, registry=registry, optimize=False, opset_version=opset,
-                            verbose=False)
+        with _decomposition_fixed_costs_once():
+            return _EXPORTER[0](program, registry=registry, optimize=False,
+                                opset_version=opset, verbose=False)
     from torch.onnx._internal.exporter import _core
 
     steps = ("_prepare_exported_program_for_export", "_exported_program_to_onnx_program")
@@ -243,8 +310,9 @@ def torch_onnx_export(program: torch.export.ExportedProgram, opset: int | None,
         raise NotImplementedError("this torch.onnx has no separate decomposition step")
     from torch.onnx._internal._lazy_import import onnxscript_apis
 
-    decomposed = between(_core._prepare_exported_program_for_export(program,
-                                                                     registry=registry))
+    with _decomposition_fixed_costs_once():
+        prepared = _core._prepare_exported_program_for_export(program, registry=registry)
+    decomposed = between(prepared)
     onnx_program = _core._exported_program_to_onnx_program(decomposed, registry=registry)
     onnx_program.model = onnxscript_apis.convert_version(onnx_program.model, opset)
     return onnx_program

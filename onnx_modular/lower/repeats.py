@@ -11,8 +11,8 @@ stack, so the decomposed program is the one a full decomposition gives, node for
 to node names.
 
 Only calls whose result cannot depend on anything but their inputs are replaced: static
-shapes, ATen operators without mutation, outputs that alias no input; anything else is
-decomposed as usual.
+shapes, ATen operators that update in place only tensors made inside the call, outputs that
+are no view of an input nor of each other; anything else is decomposed as usual.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from torch.export.graph_signature import (
 )
 from torch.fx.traceback import NodeSource, NodeSourceAction
 
-from onnx_modular.leaves._compat import OpOverload, is_pure_aten_like, returns_alias
+from onnx_modular.leaves._compat import OpOverload, alias_arguments, returns_alias
 
 _LIBRARY = "onnx_modular"
 
@@ -110,18 +110,83 @@ def _value_sig(value: Any) -> Any:
     return _tensor_sig(value)
 
 
-def _aliases_an_input(node: torch.fx.Node) -> bool:
-    if node.target is operator.getitem:
-        return _aliases_an_input(node.args[0])  # type: ignore[arg-type]
-    return returns_alias(node.target)
-
-
 def _allowed(node: torch.fx.Node) -> bool:
+    """An ATen-like operator (in place too: :class:`_Storage` decides whether what it writes
+    stays inside the call) or a getitem."""
     if node.op != "call_function":
         return False
     if node.target is operator.getitem:
         return True
-    return is_pure_aten_like(node.target) and node.target.namespace != _LIBRARY
+    return isinstance(node.target, OpOverload) and node.target.namespace != _LIBRARY
+
+
+def _nodes(value: Any) -> list[torch.fx.Node]:
+    found: list[torch.fx.Node] = []
+    torch.fx.node.map_arg(value, found.append)
+    return found
+
+
+def _argument(node: torch.fx.Node, position: int, name: str) -> Any:
+    return node.args[position] if position < len(node.args) else node.kwargs.get(name)
+
+
+class _Storage:
+    """Which tensors made inside a call each of its values shares storage with (through
+    views and in-place updates), so that a call whose in-place updates and returned views
+    stay inside it still counts as a function of its inputs (Falcon's ``scores /= scale``,
+    T5's ``hidden += ...``, OPT's returned view)."""
+
+    def __init__(self, local: dict[torch.fx.Node, int]) -> None:
+        self._local = local
+        self._bases: dict[torch.fx.Node, frozenset[torch.fx.Node] | None] = {}
+
+    def bases(self, node: torch.fx.Node) -> frozenset[torch.fx.Node] | None:
+        """The fresh tensors of the call ``node`` may share storage with; None when it may
+        share with something outside the call (an input, a weight) or that is unknown."""
+        if node not in self._local:
+            return None
+        if node not in self._bases:
+            self._bases[node] = None  # a cycle cannot happen; guards the recursion anyway
+            shared = self._shared_with(node)
+            found: frozenset[torch.fx.Node] | None = frozenset([node]) if shared == [] else None
+            if shared:
+                found = frozenset()
+                for other in shared:
+                    more = self.bases(other)
+                    if more is None:
+                        found = None
+                        break
+                    found |= more
+            self._bases[node] = found
+        return self._bases[node]
+
+    def _shared_with(self, node: torch.fx.Node) -> list[torch.fx.Node] | None:
+        """The values ``node``'s result may be a view of ([]: a fresh tensor)."""
+        producer = node.args[0] if node.target is operator.getitem else node
+        assert isinstance(producer, torch.fx.Node)
+        if not returns_alias(producer.target):
+            return []
+        arguments = alias_arguments(producer.target)
+        if arguments is None:
+            return None
+        return _nodes([_argument(producer, i, name) for i, name, _ in arguments])
+
+    def writes_stay_inside(self, node: torch.fx.Node) -> bool:
+        """An operator writing in place writes only tensors made inside the call."""
+        arguments = alias_arguments(node.target) or []
+        written = _nodes([_argument(node, i, name) for i, name, write in arguments if write])
+        return all(self.bases(value) is not None for value in written)
+
+    def outputs_own_their_storage(self, outputs: list[torch.fx.Node]) -> bool:
+        """No output is a view of an input or shares storage with another output: updates
+        made to one after the call reach nothing else."""
+        seen: set[torch.fx.Node] = set()
+        for out in outputs:
+            bases = self.bases(out)
+            if bases is None or not seen.isdisjoint(bases):
+                return False
+            seen |= bases
+        return True
 
 
 def _collect_calls(graph: torch.fx.Graph) -> list[_Call]:
@@ -160,8 +225,9 @@ def _describe(call: _Call) -> None:
             return ("l", local[value])
         return ("x", external.setdefault(value, len(external)))
 
+    storage = _Storage(local)
     for node in call.nodes:
-        if not _allowed(node):
+        if not _allowed(node) or not storage.writes_stay_inside(node):
             return
         val = _value_sig(node.meta.get("val"))
         if val is None and node.meta.get("val") is not None:
@@ -180,9 +246,10 @@ def _describe(call: _Call) -> None:
     outputs = [n for n in call.nodes if any(u not in local for u in n.users)]
     if not outputs:
         return
-    for out in outputs:
-        if _tensor_sig(out.meta.get("val")) is None or _aliases_an_input(out):
-            return
+    if any(_tensor_sig(out.meta.get("val")) is None for out in outputs):
+        return
+    if not storage.outputs_own_their_storage(outputs):
+        return
     call.inputs, call.outputs = inputs, outputs
     call.signature = repr((call.module_type, items, [local[o] for o in outputs],
                            [_tensor_sig(v.meta["val"]) for v in inputs]))

@@ -186,3 +186,82 @@ def test_the_same_export_gives_the_same_bytes() -> None:
     first = om.export(model, args).model_proto.SerializeToString()
     second = om.export(model, args).model_proto.SerializeToString()
     assert first == second
+
+
+class ScalesInPlace(nn.Module):
+    """Updates only tensors it made (Falcon's ``scores /= scale``): still a function of its
+    inputs, so replaced."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        h /= 2.0
+        h += x
+        h[:, 0] = 0.0  # through a view of its own tensor
+        return torch.relu(h)
+
+
+class ReturnsItsOwnView(nn.Module):
+    """Returns a view of a tensor it made (OPT's reshaped output): replaced."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x).view(8, 2, 4).transpose(1, 2).reshape(8, 8)
+
+
+class UpdatesItsInput(nn.Module):
+    """Writes into a view of its input: the caller sees it, so never replaced."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x[:, 1] = 1.0
+        return x * 2
+
+
+class TwoViewsOfOne(nn.Module):
+    """Two outputs sharing one storage: an update to one after the call reaches the other."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.fc(x)
+        return h.view(8, 8), h.t()
+
+
+class InPlaceStack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scales = nn.ModuleList([ScalesInPlace() for _ in range(3)])
+        self.views = nn.ModuleList([ReturnsItsOwnView() for _ in range(2)])
+        self.updates = nn.ModuleList([UpdatesItsInput() for _ in range(2)])
+        self.pairs = nn.ModuleList([TwoViewsOfOne() for _ in range(2)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for m in [*self.scales, *self.views]:
+            x = m(x)
+        for m in self.updates:
+            x = m(x + 0)  # a tensor of the caller's, updated by the callee
+        for m in self.pairs:
+            a, b = m(x)
+            a.mul_(3.0)  # the caller updates one output: the other sees it
+            x = a + b
+        return x
+
+
+def test_calls_updating_only_their_own_tensors_are_replaced_and_compute_the_same() -> None:
+    torch.manual_seed(0)
+    model, x = InPlaceStack().eval(), torch.randn(8, 8)
+    replaced = _replaced_paths(capture(model, (x,)))
+    assert {"scales.1", "scales.2", "views.1"} <= replaced
+    assert not replaced & {"updates.1", "pairs.1"}
+    with torch.no_grad():
+        want = model(x).numpy()
+    result = om.export(model, (x,))
+    np.testing.assert_allclose(_run(result.model, (x,))[0], want, rtol=1e-5, atol=1e-6)
