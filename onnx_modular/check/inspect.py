@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import onnx
@@ -68,14 +68,16 @@ _SHAPE_OPS = SHAPE_ARITHMETIC | {"Size"}
 
 
 def input_kinds(model: onnx.ModelProto) -> dict[str, list[str]]:
-    """Each function's inputs by what their first call passes: ``activation``, ``weight``
-    (an initializer, through any number of calls), ``size`` (shape arithmetic made from a
-    ``Shape``: what a compiler wants computed in the body instead) or ``constant``; an
-    input the body never reads is ``unused``."""
+    """Each function's inputs by what its calls pass: ``activation``, ``weight`` (an
+    initializer, through any number of calls), ``size`` (shape arithmetic made from a
+    ``Shape``, also where a call computed it and returned it: what a compiler wants
+    computed in the body instead) or ``constant``; an input the body never reads is
+    ``unused``. An input any call passes a size to is a size."""
     functions = {(f.domain, f.name): f for f in model.functions}
     kinds: dict[str, list[str]] = {}
+    seen: set[tuple[str, tuple[str, ...]]] = set()
 
-    def walk(nodes: Sequence[onnx.NodeProto], known: dict[str, str]) -> None:
+    def resolver(nodes: Sequence[onnx.NodeProto], known: dict[str, str]) -> Callable[[str], str]:
         made = {out: node for node in nodes for out in node.output}
         cache: dict[str, str] = {}
 
@@ -83,29 +85,43 @@ def input_kinds(model: onnx.ModelProto) -> dict[str, list[str]]:
             if name in known:
                 return known[name]
             if name not in cache:
+                cache[name] = "activation"  # first, in case of a cycle through it
                 node = made.get(name)
+                function = functions.get((node.domain, node.op_type)) if node else None
                 if node is None:
-                    cache[name] = "activation"
+                    pass
+                elif function is not None:  # what the body computes it from
+                    inner = resolver(function.node, dict(zip(
+                        function.input, [kind(i) if i else "activation" for i in node.input])))
+                    cache[name] = inner(function.output[list(node.output).index(name)])
                 elif node.op_type == "Constant":
                     cache[name] = "constant"
                 elif node.op_type == "Shape":
                     cache[name] = "size"
                 else:
-                    cache[name] = "activation"  # first, in case of a cycle through it
                     froms = [kind(i) for i in node.input if i]
                     if node.op_type in _SHAPE_OPS and "size" in froms and all(
                             k in ("size", "constant", "weight") for k in froms):
                         cache[name] = "size"
             return cache[name]
 
+        return kind
+
+    def walk(nodes: Sequence[onnx.NodeProto], known: dict[str, str]) -> None:
+        kind = resolver(nodes, known)
         for node in nodes:
             function = functions.get((node.domain, node.op_type))
-            if function is None or function.name in kinds:
+            if function is None:
                 continue
             passed = [kind(name) if name else "activation" for name in node.input]
+            if (function.name, tuple(passed)) in seen:
+                continue
+            seen.add((function.name, tuple(passed)))
             read = {i for n in function.node for i in n.input} | set(function.output)
-            kinds[function.name] = [k if name in read else "unused"
-                                    for name, k in zip(function.input, passed)]
+            found = [k if name in read else "unused" for name, k in zip(function.input, passed)]
+            before = kinds.setdefault(function.name, found)
+            kinds[function.name] = [b if b in ("unused", "size") or f != "size" else f
+                                    for b, f in zip(before, found)]
             walk(function.node, dict(zip(function.input, passed)))
 
     walk(model.graph.node, {i.name: "weight" for i in model.graph.initializer})

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Callable, Iterable, Mapping
 
 import onnx_ir as ir
@@ -25,7 +26,7 @@ from onnx_modular.emit.functions import (
 )
 from onnx_modular.emit.infra import Chains, EmitPass, listed, unlabelled_calls
 from onnx_modular.emit.labels import call_scope, relativize
-from onnx_modular.emit.sizes import activations_of, derive, is_size
+from onnx_modular.emit.sizes import SHAPE_ARITHMETIC, activations_of, derive, is_size
 from onnx_modular.leaves._util import common_prefix
 from onnx_modular.leaves.arguments import FunctionSelection
 from onnx_modular.leaves.metadata import (
@@ -183,6 +184,9 @@ def _build_scopes(nodes: list[ir.Node], per_node: list[tuple[CallInfo, ...]]) ->
     return root
 
 
+_CALLER_SUFFIX = re.compile(r"(_caller\d+)+$")
+
+
 class _Outliner:
     def __init__(self, model: ir.Model, dedupe: bool, own_sizes: bool = False) -> None:
         self.model = model
@@ -194,23 +198,65 @@ class _Outliner:
         self.report = OutlineReport()
         self.call_nodes: dict[int, ir.Node] = {}  # id(scope) -> its call node
         self.graph_outputs = set(self.graph.outputs)
+        self.derived = 0  # sizes computed in a caller instead (:meth:`_sizes_to_caller`)
 
     def run(self, root: _Scope) -> None:
         for scope in root.children:
-            self._visit(scope, ())
+            self._visit(scope, (), root)
         self.graph.sort()
 
-    def _visit(self, scope: _Scope, enclosing: tuple[CallInfo, ...]) -> None:
+    def _visit(self, scope: _Scope, enclosing: tuple[CallInfo, ...], parent: _Scope) -> None:
         assert scope.call is not None
         for child in scope.children:
-            self._visit(child, (*enclosing, scope.call))
+            self._visit(child, (*enclosing, scope.call), scope)
         members = [m if isinstance(m, ir.Node) else self.call_nodes.get(id(m))
                    for m in scope.members]
         members = [m for m in members if m is not None]
+        if members and self.own_sizes:
+            members = self._sizes_to_caller(members, parent)
         if members:
             call = self._outline(scope.call, members, enclosing)
             if call is not None:
                 self.call_nodes[id(scope)] = call
+
+    def _sizes_to_caller(self, members: list[ir.Node], parent: _Scope) -> list[ir.Node]:
+        """A size a call computes and its caller reads (the height a VAE's GroupNorm reads
+        and a later Attention reshapes with) is computed in the caller instead, from the
+        shapes of what the call reads or returns, so no function returns a size; the
+        nodes that computed only it leave the call. A size no such shape gives stays an
+        output."""
+        inside = set(members)
+        outer = [v for node in members for v in node.inputs
+                 if v is not None and v.producer() not in inside]
+        returned = [v for node in members for v in node.outputs
+                    if any(u.node not in inside for u in v.uses()) and not is_size(v)]
+        activations = [(v, v) for v in activations_of(dict.fromkeys([*outer, *returned]))]
+        moved = False
+        for node in members:
+            for value in node.outputs:
+                outside = [u for u in value.uses() if u.node not in inside]
+                if not activations or not outside or not is_size(value) \
+                        or value in self.graph_outputs:
+                    continue
+                self.derived += 1
+                base = _CALLER_SUFFIX.sub("", value.name or "size")
+                nodes = derive(value, activations, f"{base}_caller{self.derived}")
+                if nodes is None:
+                    continue
+                self.graph.insert_after(members[-1], nodes)
+                parent.members.extend(nodes)
+                for use in outside:
+                    use.node.replace_input_with(use.idx, nodes[-1].outputs[0])
+                moved = True
+        if not moved:
+            return members
+        kept = list(members)
+        for node in reversed(members):  # what computed only those sizes
+            if node.op_type in SHAPE_ARITHMETIC and node.domain in ("", "ai.onnx") and not any(
+                    v.uses() or v in self.graph_outputs for v in node.outputs):
+                self.graph.remove(node, safe=True)
+                kept.remove(node)
+        return kept
 
     def _outline(self, info: CallInfo, members: list[ir.Node],
                  enclosing: tuple[CallInfo, ...]) -> ir.Node | None:

@@ -473,11 +473,52 @@ def _remove_dead_size_nodes(graph: ir.Graph) -> None:
             graph.remove(node, safe=True)
 
 
+def drop_unused_inputs(model: ir.Model) -> int:
+    """Function inputs no body reads any more (a size the body now takes from its own
+    activation's shape: :func:`copy_own_dims`) leave the signature, and every call stops
+    passing them; to a fixpoint, since a caller may have read that value only to pass it
+    down. Returns how many inputs went."""
+    dropped = 0
+    while True:
+        unused = {function.identifier(): [i for i, v in enumerate(function.inputs)
+                                          if not v.uses() and not v.is_graph_output()]
+                  for function in model.functions.values()}
+        unused = {k: v for k, v in unused.items() if v}
+        if not unused:
+            return dropped
+        for graph in [model.graph, *model.functions.values()]:
+            for node in graph.all_nodes():
+                positions = unused.get(node.op_identifier())
+                if positions:
+                    _drop_arguments(node, positions)
+        for identifier, positions in unused.items():
+            function = model.functions[identifier]
+            kept = [v for i, v in enumerate(function.inputs) if i not in positions]
+            function.inputs.clear()
+            function.inputs.extend(kept)
+            dropped += len(positions)
+
+
+def _drop_arguments(node: ir.Node, positions: list[int]) -> None:
+    dropped = [v for i, v in enumerate(node.inputs) if i in positions]
+    kept = [v for i, v in enumerate(node.inputs) if i not in positions]
+    for i, value in enumerate(kept):
+        node.replace_input_with(i, value)
+    node.resize_inputs(len(kept))
+    graph = node.graph
+    for value in dropped:  # a weight only this argument passed: ORT would warn about it
+        if (value is not None and value.is_initializer() and not value.uses()
+                and graph is not None and value.name in graph.initializers):
+            del graph.initializers[value.name]
+
+
 class SimplifyOwnSizes(EmitPass):
     """In every function body (where the sizes are computed): :func:`merge_shape_slices`,
-    then :func:`copy_own_dims`."""
+    then :func:`copy_own_dims`; then the inputs no body reads leave the signatures
+    (:func:`drop_unused_inputs`)."""
 
     def run(self, model: ir.Model) -> None:
         for function in model.functions.values():
             merge_shape_slices(function.graph)
             copy_own_dims(function.graph)
+        drop_unused_inputs(model)

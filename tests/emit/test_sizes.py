@@ -331,3 +331,80 @@ def test_a_minus_one_standing_for_the_inputs_own_dimension_becomes_a_copy(
             feed = np.random.default_rng(2).standard_normal([batch, 17, 32]).astype(np.float32)
             (out,) = run(ir.Model(graph, ir_version=10), x=feed)
             np.testing.assert_array_equal(out, np.maximum(feed, 0).reshape(batch, 17, 4, 8))
+
+
+def _function_outputs_that_are_sizes(model: ir.Model) -> list[tuple[str, str]]:
+    found = []
+    for function in model.functions.values():
+        for out in function.outputs:
+            if is_size(out):
+                found.append((function.name, str(out.name)))
+    return found
+
+
+class _Autoencoder(torch.nn.Module):
+    """diffusers' AutoencoderKL, tiny: a GroupNorm's decomposition is the first to read the
+    height and width, so torch.export files those sizes under that call (reading them off
+    another activation), and the mid-block Attention's reshapes read the same ones."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from diffusers import AutoencoderKL
+
+        self.vae = AutoencoderKL(
+            in_channels=3, out_channels=3, block_out_channels=(8, 16), latent_channels=4,
+            down_block_types=("DownEncoderBlock2D",) * 2, norm_num_groups=4,
+            up_block_types=("UpDecoderBlock2D",) * 2, layers_per_block=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.vae(x, sample_posterior=False, return_dict=False)[0]
+
+
+@pytest.mark.slow
+def test_a_size_a_call_computes_for_a_later_call_is_computed_by_each_not_returned() -> None:
+    """Dynamic batch, height and width: no function returns a size, none takes one, and
+    the file computes what torch does at other sizes."""
+    torch.manual_seed(0)
+    model, x = _Autoencoder().eval(), torch.randn(2, 3, 16, 16)
+    dim = torch.export.Dim
+    shapes = ({0: dim("batch", max=16), 2: 8 * dim("h", max=8), 3: 8 * dim("w", max=8)},)
+    result = om.export(model, (x,), dynamic_shapes=shapes)
+    assert _function_outputs_that_are_sizes(result.model) == []
+    for function, kind in input_kinds(result.model_proto).items():
+        assert "size" not in kind and "unused" not in kind, (function, kind)
+    _no_size_from_an_input(result.model)
+    for shape in [(2, 3, 16, 16), (1, 3, 24, 8)]:
+        y = torch.randn(*shape)
+        (got,) = run(result.model, x=y.numpy())
+        with torch.no_grad():
+            np.testing.assert_allclose(got, model(y).numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_an_input_no_body_reads_any_more_leaves_every_signature() -> None:
+    """A size passed down two levels, which the innermost body then takes from its own
+    activation (a Reshape to its own leading dimensions): gone from both signatures."""
+    from onnx_modular.emit.sizes import drop_unused_inputs
+
+    x = _dynamic("x", ["b", 4])
+    inner_x, inner_size = ir.Value(name="ix", shape=x.shape, type=x.type), \
+        ir.Value(name="isize", shape=ir.Shape([1]), type=ir.TensorType(ir.DataType.INT64))
+    relu = ir.node("Relu", [inner_x])
+    inner = ir.Function("test", "Inner", graph=ir.Graph(
+        [inner_x, inner_size], [relu.outputs[0]], nodes=[relu],
+        opset_imports={"": 18}), attributes=[])
+    outer_x, outer_size = ir.Value(name="ox", shape=x.shape, type=x.type), \
+        ir.Value(name="osize", shape=ir.Shape([1]), type=ir.TensorType(ir.DataType.INT64))
+    call_inner = ir.node("Inner", [outer_x, outer_size], domain="test")
+    outer = ir.Function("test", "Outer", graph=ir.Graph(
+        [outer_x, outer_size], [call_inner.outputs[0]], nodes=[call_inner],
+        opset_imports={"": 18, "test": 1}), attributes=[])
+    shape = ir.node("Shape", [x], attributes={"start": 0, "end": 1})
+    call_outer = ir.node("Outer", [x, shape.outputs[0]], domain="test")
+    graph = ir.Graph([x], [call_outer.outputs[0]], nodes=[shape, call_outer],
+                     opset_imports={"": 18, "test": 1})
+    m = ir.Model(graph, ir_version=10, functions=[inner, outer])
+    assert drop_unused_inputs(m) == 2
+    assert [len(f.inputs) for f in m.functions.values()] == [1, 1]
+    assert len(call_outer.inputs) == 1 and len(call_inner.inputs) == 1
+    (got,) = run(m, x=np.array([[-1.0, 2, -3, 4]], dtype=np.float32))
+    np.testing.assert_array_equal(got, [[0, 2, 0, 4]])
