@@ -142,6 +142,39 @@ class MergeRound(EmitPass):
         return ir.passes.PassResult(model, modified=bool(kept_for))
 
 
+class ParametrizeBeforeOptimizing(EmitPass):
+    """Before the optimizer: bodies of one class and one input signature that differ only
+    in float scalars become one function with attributes (:mod:`.parametrize`). After it,
+    a layer whose scale is 1.0 has lost its ``Mul`` (the optimizer drops ``x * 1``) and no
+    longer looks like its siblings scaled by 2.0; merged first, the scale is an attribute
+    the optimizer leaves alone."""
+
+    def __init__(self, report: HoldsOutlineReport) -> None:
+        super().__init__()
+        self.report = report
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        original = {identifier[1]: f for identifier, f in model.functions.items()}
+        target: dict[int, ir.Function] = {}
+        merged = merge_scalar_variants(model, one_signature=True)
+        while merged:
+            kept_for = {gone.identifier(): kept for gone, kept in merged}
+            target.update({id(gone): kept for gone, kept in merged})
+            _retarget_calls(model, kept_for)
+            merged = merge_scalar_variants(model, one_signature=True)  # their parents
+        if not target:
+            return ir.passes.PassResult(model, modified=False)
+        _renumber(model)
+        outline = self.report.outline
+        if outline is not None:
+            _follow_merges(outline, original, target)
+            outline.functions = len(model.functions)
+        return ir.passes.PassResult(model, modified=True)
+
+    def ensures(self, model: ir.Model) -> None:
+        ensure_calls_resolve(self, model)
+
+
 class MergeEqualFunctions(EmitPass):
     """After optimization: equal bodies of one class become one function, to a fixpoint
     (:func:`merge_equal_functions`), keeping ``report.outline`` up to date."""

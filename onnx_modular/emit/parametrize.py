@@ -242,17 +242,26 @@ def _calls(model: ir.Model) -> dict[ir.OperatorIdentifier, list[ir.Node]]:
     return calls
 
 
-def merge_scalar_variants(model: ir.Model) -> list[tuple[ir.Function, ir.Function]]:
+def merge_scalar_variants(model: ir.Model, *, one_signature: bool = False
+                          ) -> list[tuple[ir.Function, ir.Function]]:
     """Merge the functions of each class whose bodies differ only in float scalars into the
     first of them, parametrized. A body parametrized already takes part like any other (its
     references count as scalars, each call's values resolved): which layers happened to
     merge first (the two whose ``eps`` agreed) must not keep the others apart. Returns
-    (merged away, kept) pairs; the merged-away functions are no longer in ``model``."""
+    (merged away, kept) pairs; the merged-away functions are no longer in ``model``.
+
+    ``one_signature``: only bodies outlined for the same input types and shapes, whose
+    recorded types then still hold (before the optimizer, which specializes a body to them).
+    """
     groups: dict[tuple[Any, ...], list[ir.Function]] = {}
     for function in model.functions.values():
         key = (function.domain, function.doc_string, len(function.inputs),
                len(function.outputs), structural_key(function.graph, signature=None,
                                                     scalars=True))
+        if one_signature:
+            if any(value.type is None for value in function.inputs):
+                continue
+            key += tuple((str(v.type), str(v.shape)) for v in function.inputs)
         groups.setdefault(key, []).append(function)
     merged: list[tuple[ir.Function, ir.Function]] = []
     for group in groups.values():

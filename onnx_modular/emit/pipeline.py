@@ -9,7 +9,9 @@ one :class:`~onnx_ir.passes.Sequential`, so a failure names the step it happened
 1. ``FoldWeights``: fold what depends on weights and constants only (``Transpose(weight)``);
    inside a function the weight is an input and could no longer be folded.
 2. ``Outline``: module calls -> nested local functions; equal bodies share one function.
-3. ``Optimize``: onnxscript's optimizer, each unique body once (never inlined); then
+3. ``Optimize``: onnxscript's optimizer, each unique body once (never inlined), after
+   ``ParametrizeBeforeOptimizing`` made bodies of one signature that differ only in float
+   scalars one function (a scale of 1.0 would be optimized away, the others not); then
    ``SimplifyOwnSizes``: the sizes a body computes for itself, as few and as constant as
    they can be (one Shape slice per run of dimensions, Reshapes copying their own dims).
 4. ``MergeEqualFunctions``: bodies the optimizer made equal become one function, to a
@@ -31,7 +33,7 @@ from onnx_modular.diagnostics import DiagnosticContext, Location, OnnxModularErr
 from onnx_modular.emit.explain import ExplainDifferences
 from onnx_modular.emit.infra import Chains, EmitPassError
 from onnx_modular.emit.inline import InlineAll
-from onnx_modular.emit.merge import MergeEqualFunctions
+from onnx_modular.emit.merge import MergeEqualFunctions, ParametrizeBeforeOptimizing
 from onnx_modular.emit.optimize import FoldWeights, Optimize
 from onnx_modular.emit.outline import (
     Outline,
@@ -137,6 +139,8 @@ def _steps(options: EmitOptions, chains: Chains, weights: frozenset[str] | set[s
         steps.append(Outline(chains, select, options.dedupe, report,
                              own_sizes=not options.flat))
     if options.optimize:
+        if options.dedupe and not options.flat:
+            steps.append(ParametrizeBeforeOptimizing(report))
         steps.append(Optimize(options.avoid_ops))
         if not options.flat:
             steps.append(SimplifyOwnSizes())

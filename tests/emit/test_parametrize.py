@@ -6,8 +6,11 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnx_ir as ir
+import onnxruntime as ort
 import pytest
+import torch
 
+import onnx_modular as om
 from onnx_modular.emit.merge import merge_equal_functions
 from onnx_modular.emit.parametrize import merge_scalar_variants
 
@@ -221,3 +224,29 @@ def test_a_scalar_a_branch_reads_is_not_parametrized(specs) -> None:
         y = expected * top
         expected = y * branch if expected.sum() > 0 else y
     np.testing.assert_allclose(run(m, x=x)[0], expected, rtol=1e-6)
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.fc, self.scale = torch.nn.Linear(8, 8), scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc(x) * self.scale
+
+
+@pytest.mark.parametrize("scales", [[1.0, 2.0, 1.0, 3.0], [2.0, 1.0], [0.5, 0.0, 2.0]])
+def test_layers_scaled_by_one_share_the_function_of_those_scaled_otherwise(
+        scales: list[float]) -> None:
+    """The optimizer drops ``x * 1.0``; the layers are parametrized before it runs, so the
+    scale stays a per-call attribute and the Mul stays in the one body."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[_Scaled(s) for s in scales]).eval()
+    x = torch.randn(2, 8)
+    result = om.export(model, (x,))
+    assert [f.name for f in result.functions if f.name.startswith("_Scaled")] == ["_Scaled"]
+    session = ort.InferenceSession(result.model_proto.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    with torch.no_grad():
+        np.testing.assert_allclose(got, model(x).numpy(), rtol=1e-5, atol=1e-6)
