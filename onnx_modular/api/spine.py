@@ -24,6 +24,7 @@ from onnx_modular.lower.markers import without_markers
 from onnx_modular.lower.translate import (
     Translation,
     inline_translator_functions,
+    pin_fixed_dims,
     stable_stack_traces,
     translate,
 )
@@ -95,6 +96,7 @@ def lower_onnx_program(onnx_program: torch.onnx.ONNXProgram, ctx: DiagnosticCont
     stable_stack_traces(onnx_program.model)  # byte-identical, as om.export
     inline_translator_functions(onnx_program.model)
     assert onnx_program.exported_program is not None  # the dynamo path keeps its program
+    pin_fixed_dims(onnx_program.model, onnx_program.exported_program, ctx)
     translation = Translation(onnx_program.model, onnx_program.exported_program)
     return _with_calls(translation, ctx) if with_calls else _without_calls(translation)
 

@@ -171,7 +171,52 @@ def translate(program: torch.export.ExportedProgram, *, opset: int | None = None
             f"{reached}): {_conversion_failure(onnx_program.model, opset)}"))
     stable_stack_traces(onnx_program.model)
     inline_translator_functions(onnx_program.model)
+    pin_fixed_dims(onnx_program.model, onnx_program.exported_program, ctx)
     return Translation(onnx_program.model, onnx_program.exported_program)
+
+
+def pin_fixed_dims(model: ir.Model, program: torch.export.ExportedProgram,
+                   ctx: DiagnosticContext) -> None:
+    """Dimensions the decomposed program holds fixed, though marked dynamic (a guard of
+    torch.export's program, which ONNX does not carry, fixed them: Dinov2 with registers
+    computes its position grid in Python), are written as those numbers, so a runtime
+    refuses other sizes instead of computing other numbers; a warning names each."""
+    fixed: dict[str, dict[int, int]] = {}
+    for node in program.graph.nodes:
+        val = node.meta.get("val") if node.op == "placeholder" else None
+        if isinstance(val, torch.Tensor):
+            fixed[node.name] = {axis: int(str(d)) for axis, d in enumerate(val.shape)
+                                if isinstance(d, torch.SymInt) and str(d).isdigit()}
+    for name, axis, size in _pin(model, fixed):
+        ctx.warn(rules.UNSUPPORTED_INPUT, Location(module_path=""), reason=(
+            f"dynamic_shapes: input '{name}' axis {axis} was marked dynamic, but the "
+            f"program holds only for size {size} (a guard of torch.export's program, which "
+            "ONNX cannot check, fixes it: the model computes with that size in Python); "
+            f"the file declares {size} there, so ONNX Runtime refuses other sizes instead "
+            "of computing other numbers"))
+
+
+def _pin(model: ir.Model, fixed: dict[str, dict[int, int]]) -> list[tuple[str, int, int]]:
+    """``fixed`` (input name -> axis -> size) and symbolic dimensions named after a number
+    (``"32"``, as torch.onnx names such a size) made static; returns the graph inputs'
+    (name, axis, size) so made."""
+    pinned: list[tuple[str, int, int]] = []
+    inputs = set(model.graph.inputs)
+    for value in [*model.graph.inputs, *(v for n in model.graph.all_nodes() for v in n.outputs)]:
+        shape = value.shape
+        if shape is None:
+            continue
+        sizes = fixed.get(str(value.name), {}) if value in inputs else {}
+        dims = [sizes[axis] if axis in sizes and not isinstance(d, int) else
+                int(d.value) if isinstance(d, ir.SymbolicDim) and isinstance(d.value, str)
+                and d.value.isdigit() else d for axis, d in enumerate(shape)]
+        if dims == list(shape):
+            continue
+        if value in inputs:
+            pinned += [(str(value.name), axis, int(new)) for axis, (old, new)
+                       in enumerate(zip(shape, dims, strict=True)) if old is not new]
+        value.shape = ir.Shape(dims)
+    return pinned
 
 
 def _translate_once(program: torch.export.ExportedProgram, opset: int | None) -> Any:

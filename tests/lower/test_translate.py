@@ -140,3 +140,47 @@ def test_functions_the_translator_made_are_inlined_with_their_calls_labels() -> 
     assert not model.functions
     (node,) = list(model.graph)
     assert node.op_type == "Relu" and fx_name(node) == "relu_1"
+
+
+class _Registers(nn.Module):
+    """Dinov2 with registers (tiny): torch.export's program guards the height and width to
+    the example's (``x.size()[2] // 8 == 4``) without a constraint error, and its graph
+    holds only for those sizes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import transformers
+
+        config = transformers.Dinov2WithRegistersConfig(
+            num_hidden_layers=1, hidden_size=32, num_attention_heads=4, intermediate_size=64,
+            image_size=32, patch_size=8, num_register_tokens=4)
+        self.model = transformers.Dinov2WithRegistersModel(config).eval()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(pixel_values=x).last_hidden_state
+
+
+@pytest.mark.slow
+def test_a_dimension_a_guard_fixes_is_static_in_the_file_and_warned_about() -> None:
+    """Marked dynamic, fixed by the program: the file declares the size, so ONNX Runtime
+    refuses another one (it computed other numbers than torch before: |diff| 0.48)."""
+    import onnx_modular as om
+
+    torch.manual_seed(0)
+    model, x = _Registers().eval(), torch.randn(2, 3, 32, 40)
+    dim = torch.export.Dim
+    shapes = ({0: dim("batch", max=16), 2: 8 * dim("h", min=2, max=8),
+               3: 8 * dim("w", min=2, max=8)},)
+    result = om.export(model, (x,), dynamic_shapes=shapes)
+    (given,) = result.model.graph.inputs
+    assert list(given.shape)[1:] == [3, 32, 40] and not isinstance(given.shape[0], int)
+    warned = [d.message for d in result.diagnostics if "marked dynamic" in d.message]
+    assert len(warned) == 2 and "axis 2" in warned[0] and "size 32" in warned[0]
+    session = ort.InferenceSession(result.model_proto.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    y = torch.randn(3, 3, 32, 40)  # the batch stays dynamic
+    with torch.no_grad():
+        np.testing.assert_allclose(session.run(None, {"x": y.numpy()})[0], model(y).numpy(),
+                                   rtol=1e-4, atol=1e-5)
+    with pytest.raises(Exception, match="invalid dimensions"):
+        session.run(None, {"x": torch.randn(1, 3, 40, 32).numpy()})
