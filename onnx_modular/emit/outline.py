@@ -225,7 +225,8 @@ class _Outliner:
         shapes of what the call reads or returns, so no function returns a size; the
         nodes that computed only it leave the call. A size no such shape gives stays an
         output."""
-        inside = set(members)
+        _, nested = _nested(members)
+        inside = {n for node in members for n in (node, *nested.get(node, ()))}
         outer = [v for node in members for v in node.inputs
                  if v is not None and v.producer() not in inside]
         returned = [v for node in members for v in node.outputs
@@ -238,11 +239,11 @@ class _Outliner:
                 if not activations or not outside or not is_size(value) \
                         or value in self.graph_outputs:
                     continue
-                self.derived += 1
                 base = _CALLER_SUFFIX.sub("", value.name or "size")
-                nodes = derive(value, activations, f"{base}_caller{self.derived}")
+                nodes = derive(value, activations, f"{base}_caller{self.derived + 1}")
                 if nodes is None:
                     continue
+                self.derived += 1
                 self.graph.insert_after(members[-1], nodes)
                 parent.members.extend(nodes)
                 for use in outside:

@@ -235,7 +235,8 @@ def _decomposition_fixed_costs_once() -> Iterator[None]:
     from the registry's operators on each call, and ``run_decompositions`` asks the C++
     dispatcher for every CompositeImplicitAutograd operator once per operator namespace
     (about 60 times, 2 ms each) to make each reachable as ``torch.ops.<ns>.<op>``, which
-    the first time already did. Patched only while a decomposition here runs."""
+    the first time already did. Patched while some decomposition here runs (for every
+    thread then); the tables stay cached for the process, one per set of operators."""
     global _fixed_costs_users
     try:
         from torch._export import utils as export_utils

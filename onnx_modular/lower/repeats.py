@@ -110,14 +110,20 @@ def _value_sig(value: Any) -> Any:
     return _tensor_sig(value)
 
 
+#: In-place operators that change which storage a tensor views (``b.set_(x)`` makes ``b``
+#: share ``x``'s, which their schemas do not annotate): never replaced.
+_RESTORAGE = frozenset({"set_", "resize_", "resize_as_", "as_strided_", "swap_"})
+
+
 def _allowed(node: torch.fx.Node) -> bool:
     """An ATen-like operator (in place too: :class:`_Storage` decides whether what it writes
-    stays inside the call) or a getitem."""
+    stays inside the call, from the schema's alias annotations) or a getitem."""
     if node.op != "call_function":
         return False
     if node.target is operator.getitem:
         return True
-    return isinstance(node.target, OpOverload) and node.target.namespace != _LIBRARY
+    return (isinstance(node.target, OpOverload) and node.target.namespace != _LIBRARY
+            and node.target.__name__.split(".")[0] not in _RESTORAGE)
 
 
 def _nodes(value: Any) -> list[torch.fx.Node]:

@@ -177,10 +177,11 @@ def translate(program: torch.export.ExportedProgram, *, opset: int | None = None
 
 def pin_fixed_dims(model: ir.Model, program: torch.export.ExportedProgram,
                    ctx: DiagnosticContext) -> None:
-    """Dimensions the decomposed program holds fixed, though marked dynamic (a guard of
-    torch.export's program, which ONNX does not carry, fixed them: Dinov2 with registers
-    computes its position grid in Python), are written as those numbers, so a runtime
-    refuses other sizes instead of computing other numbers; a warning names each."""
+    """Input dimensions that were symbolic in torch.export's program but that the
+    decomposed program holds fixed (a guard of the program, which ONNX does not carry,
+    fixed them: Dinov2 with registers computes its position grid in Python) are written
+    as those numbers, so a runtime refuses other sizes instead of computing other numbers;
+    a warning names each."""
     fixed: dict[str, dict[int, int]] = {}
     for node in program.graph.nodes:
         val = node.meta.get("val") if node.op == "placeholder" else None
@@ -197,9 +198,9 @@ def pin_fixed_dims(model: ir.Model, program: torch.export.ExportedProgram,
 
 
 def _pin(model: ir.Model, fixed: dict[str, dict[int, int]]) -> list[tuple[str, int, int]]:
-    """``fixed`` (input name -> axis -> size) and symbolic dimensions named after a number
-    (``"32"``, as torch.onnx names such a size) made static; returns the graph inputs'
-    (name, axis, size) so made."""
+    """``fixed`` (input name -> axis -> size) made static, and every symbolic dimension
+    named after a number (``"32"``, as torch.onnx names such a size), intermediate values'
+    too; returns the graph inputs' (name, axis, size) so made."""
     pinned: list[tuple[str, int, int]] = []
     inputs = set(model.graph.inputs)
     for value in [*model.graph.inputs, *(v for n in model.graph.all_nodes() for v in n.outputs)]:
