@@ -153,6 +153,27 @@ def returns_alias(target: Any) -> bool:
     return schema is None or any(r.alias_info is not None for r in schema.returns)
 
 
+def fixed_size(dim: Any, range_constraints: Any) -> int | None:
+    """The one value a symbolic dimension can take, where the program's range constraints
+    allow each of its symbols a single value (``s39: VR[4, 4]`` makes ``8*s39`` 32); None
+    where it may vary (or is no symbolic size)."""
+    expr = getattr(getattr(dim, "node", None), "expr", None)
+    if expr is None or not isinstance(dim, torch.SymInt):
+        return None
+    if expr.is_number:
+        return int(expr)
+    values = {}
+    for symbol in expr.free_symbols:
+        bounds = range_constraints.get(symbol)
+        if bounds is None or bounds.lower != bounds.upper:
+            return None
+        values[symbol] = bounds.lower
+    try:
+        return int(expr.subs(values))
+    except (TypeError, ValueError):
+        return None
+
+
 def alias_arguments(target: Any) -> list[tuple[int, str, bool]] | None:
     """(position, name, written) of each argument an operator's result may share storage
     with or that it writes in place (``Tensor(a!) self``); None for anything that is not an

@@ -22,7 +22,7 @@ import torch
 from onnx_ir.passes.common import InlinePass
 
 from onnx_modular.diagnostics import DiagnosticContext, Location
-from onnx_modular.leaves._compat import quiet_libraries, torch_onnx_export
+from onnx_modular.leaves._compat import fixed_size, quiet_libraries, torch_onnx_export
 from onnx_modular.leaves.errors import fail, rules
 from onnx_modular.leaves.metadata import NO_MODULE, STACK_TRACE
 from onnx_modular.lower import repeats
@@ -179,15 +179,17 @@ def pin_fixed_dims(model: ir.Model, program: torch.export.ExportedProgram,
                    ctx: DiagnosticContext) -> None:
     """Input dimensions that were symbolic in torch.export's program but that the
     decomposed program holds fixed (a guard of the program, which ONNX does not carry,
-    fixed them: Dinov2 with registers computes its position grid in Python) are written
-    as those numbers, so a runtime refuses other sizes instead of computing other numbers;
-    a warning names each."""
+    fixed them: Dinov2 with registers computes its position grid in Python; the
+    decomposition then has the size as a number, or torch.onnx's a symbol whose range is
+    one value) are written as those numbers, so a runtime refuses other sizes instead of
+    computing other numbers; a warning names each."""
     fixed: dict[str, dict[int, int]] = {}
     for node in program.graph.nodes:
         val = node.meta.get("val") if node.op == "placeholder" else None
         if isinstance(val, torch.Tensor):
-            fixed[node.name] = {axis: int(str(d)) for axis, d in enumerate(val.shape)
-                                if isinstance(d, torch.SymInt) and str(d).isdigit()}
+            sizes = {axis: fixed_size(d, program.range_constraints)
+                     for axis, d in enumerate(val.shape)}
+            fixed[node.name] = {axis: size for axis, size in sizes.items() if size is not None}
     for name, axis, size in _pin(model, fixed):
         ctx.warn(rules.UNSUPPORTED_INPUT, Location(module_path=""), reason=(
             f"dynamic_shapes: input '{name}' axis {axis} was marked dynamic, but the "

@@ -184,3 +184,24 @@ def test_a_dimension_a_guard_fixes_is_static_in_the_file_and_warned_about() -> N
                                    rtol=1e-4, atol=1e-5)
     with pytest.raises(Exception, match="invalid dimensions"):
         session.run(None, {"x": torch.randn(1, 3, 40, 32).numpy()})
+
+
+@pytest.mark.slow
+def test_under_the_hook_a_dimension_a_guard_fixes_is_static_too() -> None:
+    """torch.onnx's own translation keeps the dimensions symbolic (``8*s39``), their range
+    one value: the file the hook leaves declares the sizes."""
+    import onnx_modular as om
+
+    torch.manual_seed(0)
+    model, x = _Registers().eval(), torch.randn(2, 3, 32, 40)
+    dim = torch.export.Dim
+    shapes = ({0: dim("batch", max=16), 2: 8 * dim("h", min=2, max=8),
+               3: 8 * dim("w", min=2, max=8)},)
+    with om.hook():
+        program = torch.onnx.export(model, (x,), dynamic_shapes=shapes, dynamo=True)
+    (given,) = program.model.graph.inputs
+    assert list(given.shape)[1:] == [3, 32, 40] and not isinstance(given.shape[0], int)
+    session = ort.InferenceSession(program.model_proto.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    with pytest.raises(Exception, match="invalid dimensions"):
+        session.run(None, {"x": torch.randn(1, 3, 40, 32).numpy()})
