@@ -26,7 +26,12 @@ from onnx_modular.emit.functions import (
 )
 from onnx_modular.emit.infra import Chains, EmitPass, listed, unlabelled_calls
 from onnx_modular.emit.labels import call_scope, relativize
-from onnx_modular.emit.sizes import SHAPE_ARITHMETIC, activations_of, derive, is_size
+from onnx_modular.emit.sizes import (
+    activations_of,
+    derive,
+    is_size,
+    remove_dead_size_nodes,
+)
 from onnx_modular.leaves._util import common_prefix
 from onnx_modular.leaves.arguments import FunctionSelection
 from onnx_modular.leaves.metadata import (
@@ -251,13 +256,8 @@ class _Outliner:
                 moved = True
         if not moved:
             return members
-        kept = list(members)
-        for node in reversed(members):  # what computed only those sizes
-            if node.op_type in SHAPE_ARITHMETIC and node.domain in ("", "ai.onnx") and not any(
-                    v.uses() or v in self.graph_outputs for v in node.outputs):
-                self.graph.remove(node, safe=True)
-                kept.remove(node)
-        return kept
+        gone = remove_dead_size_nodes(self.graph, members)  # what computed only those sizes
+        return [node for node in members if node not in gone]
 
     def _outline(self, info: CallInfo, members: list[ir.Node],
                  enclosing: tuple[CallInfo, ...]) -> ir.Node | None:

@@ -263,7 +263,7 @@ def merge_shape_slices(graph: ir.Graph) -> int:
                 graph.outputs[i] = new
         graph.remove(node, safe=True)
     if merged:
-        _remove_dead_size_nodes(graph)  # the one-dimension slices no one reads now
+        remove_dead_size_nodes(graph)  # the one-dimension slices no one reads now
     return merged
 
 
@@ -314,7 +314,7 @@ def copy_own_dims(graph: ir.Graph) -> int:
             node.attributes["allowzero"] = ir.AttrInt64("allowzero", 0)
         rewritten += 1
     if rewritten:
-        _remove_dead_size_nodes(graph)
+        remove_dead_size_nodes(graph)
     return rewritten
 
 
@@ -465,12 +465,17 @@ def _piece_entries(piece: ir.Value | None) -> list[int | str] | None:
     return entries
 
 
-def _remove_dead_size_nodes(graph: ir.Graph) -> None:
-    """The shape arithmetic no one reads after a rewrite (a Concat, its Shape and Constants)."""
-    for node in reversed(list(graph)):
+def remove_dead_size_nodes(graph: ir.Graph, among: Sequence[ir.Node] | None = None
+                           ) -> set[ir.Node]:
+    """The shape arithmetic no one reads after a rewrite (a Concat, its Shape and Constants),
+    of ``graph`` or only ``among`` its nodes (in graph order); returns the nodes removed."""
+    removed: set[ir.Node] = set()
+    for node in reversed(list(graph) if among is None else among):
         if node.op_type in SHAPE_ARITHMETIC and node.domain in ("", "ai.onnx") and not any(
                 v.uses() or v.is_graph_output() for v in node.outputs):
             graph.remove(node, safe=True)
+            removed.add(node)
+    return removed
 
 
 def drop_unused_inputs(model: ir.Model) -> int:

@@ -206,20 +206,27 @@ def _pin(model: ir.Model, fixed: dict[str, dict[int, int]]) -> list[tuple[str, i
     pinned: list[tuple[str, int, int]] = []
     inputs = set(model.graph.inputs)
     for value in [*model.graph.inputs, *(v for n in model.graph.all_nodes() for v in n.outputs)]:
-        shape = value.shape
-        if shape is None:
+        if value.shape is None:
             continue
         sizes = fixed.get(str(value.name), {}) if value in inputs else {}
-        dims = [sizes[axis] if axis in sizes and not isinstance(d, int) else
-                int(d.value) if isinstance(d, ir.SymbolicDim) and isinstance(d.value, str)
-                and d.value.isdigit() else d for axis, d in enumerate(shape)]
-        if dims == list(shape):
-            continue
-        if value in inputs:
-            pinned += [(str(value.name), axis, int(new)) for axis, (old, new)
-                       in enumerate(zip(shape, dims, strict=True)) if old is not new]
-        value.shape = ir.Shape(dims)
+        dims = list(value.shape)
+        for axis, dim in enumerate(dims):
+            if isinstance(dim, int):
+                continue
+            size = sizes.get(axis, _numbered(dim))
+            if size is not None:
+                dims[axis] = size
+                if value in inputs:
+                    pinned.append((str(value.name), axis, size))
+        if dims != list(value.shape):
+            value.shape = ir.Shape(dims)
     return pinned
+
+
+def _numbered(dim: object) -> int | None:
+    """The size a symbolic dimension named after a number stands for (``"32"``)."""
+    name = getattr(dim, "value", None)
+    return int(name) if isinstance(name, str) and name.isdigit() else None
 
 
 def _translate_once(program: torch.export.ExportedProgram, opset: int | None) -> Any:
