@@ -245,41 +245,82 @@ def _registry(opset: int) -> Any:
     return _EXPORTER[1](opset_version=opset)
 
 
-_FIXED_COSTS_LOCK = threading.Lock()
-_fixed_costs_users = 0
+_WINDOW_LOCK = threading.Lock()
+_window_users = 0
+_window_restore: list[Callable[[], None]] = []
 
 
 @contextlib.contextmanager
-def _decomposition_fixed_costs_once() -> Iterator[None]:
-    """Two fixed costs of every torch.onnx decomposition paid once (0.1-0.2 s of a small
-    model's 1-3 s export), with the same results: torch.onnx builds its decomposition table
-    from the registry's operators on each call, and ``run_decompositions`` asks the C++
-    dispatcher for every CompositeImplicitAutograd operator once per operator namespace
-    (about 60 times, 2 ms each) to make each reachable as ``torch.ops.<ns>.<op>``, which
-    the first time already did. Patched while some decomposition here runs (for every
-    thread then); the tables stay cached for the process, one per set of operators."""
-    global _fixed_costs_users
-    try:
-        from torch._export import utils as export_utils
-        from torch.onnx._internal.exporter import _decomp
-        table_maker = _decomp.create_onnx_friendly_decomposition_table
-        materialize = export_utils._materialize_cpp_cia_ops
-    except (ImportError, AttributeError):
-        yield
-        return
-    with _FIXED_COSTS_LOCK:
-        _fixed_costs_users += 1
-        if _fixed_costs_users == 1:
-            _decomp.create_onnx_friendly_decomposition_table = _cached_table(table_maker)
-            export_utils._materialize_cpp_cia_ops = _once_per_decomposition(materialize)
+def export_window() -> Iterator[None]:
+    """Four fixed costs of every export paid once (0.2-0.4 s of a small model's 1-3 s),
+    with the same results:
+
+    - torch.onnx builds its decomposition table from the registry's operators on each call;
+    - ``run_decompositions`` asks the C++ dispatcher for every CompositeImplicitAutograd
+      operator once per operator namespace (about 60 times, 2 ms each) to make each
+      reachable as ``torch.ops.<ns>.<op>``, which the first time already did;
+    - the translation rebuilds an ONNX operator's signature from its schema for every node
+      it writes (half the translation's time; torch.onnx only reads it and copies the
+      default attributes it takes);
+    - torch.export's and the decomposition's passes regenerate a program's Python code after
+      each change (4-8 times an export, 5-30 ms each), which only the last one's first call
+      needs: GraphModules ``make_fx`` makes inside generate it on demand (torch.compile's
+      setting); the program torch.export returns is a plain GraphModule again.
+
+    Patched while some export here runs (for every thread then; nested and concurrent
+    windows share one, restored when the last ends); the tables stay cached for the
+    process."""
+    global _window_users
+    with _WINDOW_LOCK:
+        _window_users += 1
+        if _window_users == 1:
+            _window_restore[:] = _patch_fixed_costs()
     try:
         yield
     finally:
-        with _FIXED_COSTS_LOCK:
-            _fixed_costs_users -= 1
-            if _fixed_costs_users == 0:
-                _decomp.create_onnx_friendly_decomposition_table = table_maker
-                export_utils._materialize_cpp_cia_ops = materialize
+        with _WINDOW_LOCK:
+            _window_users -= 1
+            if _window_users == 0:
+                for restore in reversed(_window_restore):
+                    restore()
+                _window_restore.clear()
+
+
+def _patch_fixed_costs() -> list[Callable[[], None]]:
+    """Install what :func:`export_window` patches; what undoes each (only what this torch,
+    onnxscript and onnx_ir have is patched)."""
+    undo: list[Callable[[], None]] = []
+
+    def patch(owner: Any, name: str, value: Any) -> None:
+        before = owner.__dict__[name]
+        setattr(owner, name, value)
+        undo.append(lambda: setattr(owner, name, before))
+
+    try:
+        from torch._export import utils as export_utils
+        from torch.onnx._internal.exporter import _decomp
+
+        patch(_decomp, "create_onnx_friendly_decomposition_table",
+              _cached_table(_decomp.create_onnx_friendly_decomposition_table))
+        patch(export_utils, "_materialize_cpp_cia_ops",
+              _once_per_export(export_utils._materialize_cpp_cia_ops))
+    except (ImportError, AttributeError, KeyError):
+        pass
+    try:
+        import onnx_ir as ir
+
+        make = ir.schemas.OpSignature.__dict__["from_op_schema"].__func__
+        patch(ir.schemas.OpSignature, "from_op_schema", classmethod(_cached_signature(make)))
+    except (ImportError, AttributeError, KeyError):
+        pass
+    try:
+        from torch.fx import _lazy_graph_module as lazy
+
+        if not lazy._force_skip_lazy_graph_module_flag:
+            patch(lazy, "_use_lazy_graph_module_flag", True)
+    except (ImportError, AttributeError, KeyError):
+        pass
+    return undo
 
 
 _TABLES: dict[frozenset[Any], dict[Any, Callable[..., Any]]] = {}
@@ -295,7 +336,19 @@ def _cached_table(make: Callable[..., dict[Any, Callable[..., Any]]]
     return table
 
 
-def _once_per_decomposition(materialize: Callable[[], None]) -> Callable[[], None]:
+_SIGNATURES: dict[tuple[str, str, int], Any] = {}
+
+
+def _cached_signature(make: Callable[..., Any]) -> Callable[..., Any]:
+    def signature(cls: type, op_schema: Any) -> Any:
+        key = (op_schema.domain, op_schema.name, op_schema.since_version)
+        if key not in _SIGNATURES:
+            _SIGNATURES[key] = make(cls, op_schema)
+        return _SIGNATURES[key]
+    return signature
+
+
+def _once_per_export(materialize: Callable[[], None]) -> Callable[[], None]:
     done = False
 
     def once() -> None:
@@ -322,7 +375,7 @@ def torch_onnx_export(program: torch.export.ExportedProgram, opset: int | None,
     opset = default_opset() if opset is None else opset
     registry = _registry(max(opset, torchlib_opset()))
     if between is None:
-        with _decomposition_fixed_costs_once():
+        with export_window():
             return _EXPORTER[0](program, registry=registry, optimize=False,
                                 opset_version=opset, verbose=False)
     from torch.onnx._internal.exporter import _core
@@ -332,10 +385,10 @@ def torch_onnx_export(program: torch.export.ExportedProgram, opset: int | None,
         raise NotImplementedError("this torch.onnx has no separate decomposition step")
     from torch.onnx._internal._lazy_import import onnxscript_apis
 
-    with _decomposition_fixed_costs_once():
+    with export_window():
         prepared = _core._prepare_exported_program_for_export(program, registry=registry)
-    decomposed = between(prepared)
-    onnx_program = _core._exported_program_to_onnx_program(decomposed, registry=registry)
+        decomposed = between(prepared)
+        onnx_program = _core._exported_program_to_onnx_program(decomposed, registry=registry)
     onnx_program.model = onnxscript_apis.convert_version(onnx_program.model, opset)
     return onnx_program
 

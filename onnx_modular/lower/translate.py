@@ -22,7 +22,12 @@ import torch
 from onnx_ir.passes.common import InlinePass
 
 from onnx_modular.diagnostics import DiagnosticContext, Location
-from onnx_modular.leaves._compat import fixed_size, quiet_libraries, torch_onnx_export
+from onnx_modular.leaves._compat import (
+    export_window,
+    fixed_size,
+    quiet_libraries,
+    torch_onnx_export,
+)
 from onnx_modular.leaves.errors import fail, rules
 from onnx_modular.leaves.metadata import NO_MODULE, STACK_TRACE
 from onnx_modular.lower import repeats
@@ -153,7 +158,7 @@ def translate(program: torch.export.ExportedProgram, *, opset: int | None = None
     """``once``: decompose each distinct module call once (:mod:`.repeats`)."""
     ctx = ctx if ctx is not None else DiagnosticContext()
     try:
-        with quiet_torch_onnx():
+        with quiet_torch_onnx(), export_window():
             onnx_program = _translate_once(program, opset) if once else None
             if onnx_program is None:
                 onnx_program = torch_onnx_export(program, opset)
