@@ -23,9 +23,11 @@ from onnx_modular.api.arguments import (
 )
 from onnx_modular.api.spine import Subject, emit_whole, lower, needs_calls
 from onnx_modular.diagnostics import Diagnostic, DiagnosticContext, records_failures, to_sarif
+from onnx_modular.emit.dim_names import name_dims
 from onnx_modular.emit.outline import OutlineReport
 from onnx_modular.emit.pipeline import EmitOptions
 from onnx_modular.leaves._checkpoint import Checkpoint
+from onnx_modular.leaves._compat import dim_names
 from onnx_modular.leaves._io import TWO_GB, save_model
 from onnx_modular.leaves._util import gc_paused
 from onnx_modular.leaves.metadata import DIFFERS_FROM
@@ -112,5 +114,6 @@ def export(model: Model, args: ExampleArgs = (), kwargs: ExampleKwargs | None = 
         subject = Subject(model, args, kwargs, dynamic_shapes, weights)
         lowered = lower(subject, opset, ctx, with_calls=needs_calls(options))
         report = emit_whole(lowered, options, ctx)
+        name_dims(lowered.model, dim_names(lowered.program))  # as torch.onnx names them
     return ExportResult(lowered.model, ctx.diagnostics, lowered.program,
                         None if options.flat else lowered.graph_module, report.outline)
