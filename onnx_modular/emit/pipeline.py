@@ -55,13 +55,17 @@ __all__ = ["Chains", "EmitOptions", "EmitReport", "emit_model", "program_weights
 
 @dataclasses.dataclass(frozen=True)
 class EmitOptions:
-    """What the user asked for: which calls become functions, dedupe, optimization."""
+    """What the user asked for (which calls become functions, dedupe, optimization) and
+    what the caller knows of the part it emits (ops to avoid, sizes never empty)."""
 
     functions: FunctionSelection = "all"  # "all", "none" (flat), or classes, names, paths
     dedupe: bool = True
     optimize: bool = True
     #: ONNX op types the optimizer's rewrites must not create (an acc region's denied ops)
     avoid_ops: frozenset[str] = frozenset()
+    #: symbolic sizes the program's ranges keep at 1 or more (``s72``): a computed shape
+    #: may end in -1 beside them (:func:`~onnx_modular.emit.sizes.share_unflatten_shapes`)
+    nonzero_sizes: frozenset[str] = frozenset()
 
     @property
     def flat(self) -> bool:
@@ -143,7 +147,7 @@ def _steps(options: EmitOptions, chains: Chains, weights: frozenset[str] | set[s
             steps.append(ParametrizeBeforeOptimizing(report))
         steps.append(Optimize(options.avoid_ops))
         if not options.flat:
-            steps.append(SimplifyOwnSizes())
+            steps.append(SimplifyOwnSizes(options.nonzero_sizes))
         if options.dedupe and not options.flat:  # flat: everything is inlined right after
             steps.append(MergeEqualFunctions(report))
     if options.dedupe and not options.flat:

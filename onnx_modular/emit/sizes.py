@@ -465,6 +465,74 @@ def _piece_entries(piece: ir.Value | None) -> list[int | str] | None:
     return entries
 
 
+def share_unflatten_shapes(graph: ir.Graph, nonzero: frozenset[str]) -> int:
+    """Computed ``Reshape`` shapes that differ only in their last, constant entry share one
+    shape ending in -1: ``Concat(Shape(a, 0, 2), [192])`` and ``Concat(Shape(a, 0, 2),
+    [64])`` -> one ``Concat(Shape(a, 0, 2), [-1])`` (GPT-2's ``Conv1D`` outputs, unflattened
+    after a 2-D ``Gemm``: three widths per layer, so three ``Concat`` nodes a flat file shares
+    across layers). The -1 stands for the entry it replaces wherever the other entries
+    multiply to at least 1: each is a positive literal or a symbol the program's ranges
+    keep at 1 or more (``nonzero``); where a size may be 0 the shapes stay as they were.
+    Returns the number of ``Reshape`` nodes rewritten."""
+    groups: dict[tuple[object, ...], list[ir.Node]] = {}
+    for node in graph:
+        key = _unflatten_prefix(node, nonzero)
+        if key is not None:
+            groups.setdefault(key, []).append(node)
+    rewritten = 0
+    for nodes in groups.values():
+        lasts = {int(ir.convenience.get_const_tensor(  # type: ignore[union-attr]
+            _pieces(n)[-1]).numpy().reshape(-1)[0]) for n in nodes}
+        if len(lasts) < 2:
+            continue  # equal shapes: ONNX Runtime's common-subexpression pass shares them
+        first = nodes[0]  # graph order: its pieces are defined before every other user
+        name = f"{first.name or 'Reshape'}_unflatten"
+        minus_one = ir.node("Constant", [], attributes={
+            "value": ir.tensor(np.array([-1], dtype=np.int64), name=f"{name}_rest")},
+            name=f"{name}_rest")
+        minus_one.outputs[0].name = f"{name}_rest"
+        minus_one.outputs[0].dtype, minus_one.outputs[0].shape = ir.DataType.INT64, ir.Shape([1])
+        shape = ir.node("Concat", [*_pieces(first)[:-1], minus_one.outputs[0]],
+                        attributes={"axis": 0}, name=name)
+        shape.outputs[0].name = name
+        shape.outputs[0].dtype = ir.DataType.INT64
+        shape.outputs[0].shape = first.inputs[1].shape  # type: ignore[union-attr]
+        graph.insert_before(first, [minus_one, shape])
+        for node in nodes:
+            node.replace_input_with(1, shape.outputs[0])
+            rewritten += 1
+    if rewritten:
+        remove_dead_size_nodes(graph)
+    return rewritten
+
+
+def _pieces(node: ir.Node) -> list[ir.Value]:
+    """The inputs of the ``Concat`` that computes a ``Reshape``'s shape."""
+    return list(node.inputs[1].producer().inputs)  # type: ignore[union-attr]
+
+
+def _unflatten_prefix(node: ir.Node, nonzero: frozenset[str]) -> tuple[object, ...] | None:
+    """What a ``Reshape``'s computed shape says before its last, constant, positive entry,
+    where those entries multiply to at least 1 (with its ``allowzero``); None otherwise."""
+    if (node.op_type != "Reshape" or node.domain not in ("", "ai.onnx") or len(node.inputs) < 2
+            or node.inputs[1] is None or node.inputs[1].is_graph_output()):
+        return None
+    concat = node.inputs[1].producer()
+    if concat is None or concat.op_type != "Concat" or concat.domain not in ("", "ai.onnx") \
+            or len(concat.inputs) < 2:
+        return None
+    last = ir.convenience.get_const_tensor(concat.inputs[-1]) \
+        if concat.inputs[-1] is not None else None
+    entries = _shape_entries(node.inputs[1])
+    if last is None or last.numpy().size != 1 or entries is None or entries[-1] != \
+            int(last.numpy().reshape(-1)[0]) or entries[-1] <= 0:
+        return None
+    prefix = entries[:-1]
+    if not all(e > 0 if isinstance(e, int) else e in nonzero for e in prefix):
+        return None
+    return (*prefix, node.attributes.get_int("allowzero", 0))
+
+
 def remove_dead_size_nodes(graph: ir.Graph, among: Sequence[ir.Node] | None = None
                            ) -> set[ir.Node]:
     """The shape arithmetic no one reads after a rewrite (a Concat, its Shape and Constants),
@@ -519,11 +587,17 @@ def _drop_arguments(node: ir.Node, positions: list[int]) -> None:
 
 class SimplifyOwnSizes(EmitPass):
     """In every function body (where the sizes are computed): :func:`merge_shape_slices`,
-    then :func:`copy_own_dims`; then the inputs no body reads leave the signatures
-    (:func:`drop_unused_inputs`)."""
+    then :func:`copy_own_dims`, then :func:`share_unflatten_shapes` (``nonzero``: the
+    symbols the program's ranges keep at 1 or more); then the inputs no body reads leave
+    the signatures (:func:`drop_unused_inputs`)."""
+
+    def __init__(self, nonzero: frozenset[str] = frozenset()) -> None:
+        super().__init__()
+        self.nonzero = nonzero
 
     def run(self, model: ir.Model) -> None:
         for function in model.functions.values():
             merge_shape_slices(function.graph)
             copy_own_dims(function.graph)
+            share_unflatten_shapes(function.graph, self.nonzero)
         drop_unused_inputs(model)

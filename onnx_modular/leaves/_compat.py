@@ -174,6 +174,19 @@ def fixed_size(dim: Any, range_constraints: Any) -> int | None:
         return None
 
 
+def nonzero_symbols(range_constraints: Any) -> frozenset[str]:
+    """The names of the symbols (``s72``) the program's range constraints keep at 1 or
+    more: sizes never empty in any input the program takes."""
+    names = set()
+    for symbol, bounds in range_constraints.items():
+        try:
+            if bounds.lower >= 1:
+                names.add(str(symbol))
+        except TypeError:  # a bound sympy cannot compare
+            continue
+    return frozenset(names)
+
+
 def alias_arguments(target: Any) -> list[tuple[int, str, bool]] | None:
     """(position, name, written) of each argument an operator's result may share storage
     with or that it writes in place (``Tensor(a!) self``); None for anything that is not an

@@ -53,8 +53,9 @@ _SKIP_FUSION = {"Add", "LayerNormalization", "SkipLayerNormalization"}
 
 @pytest.mark.parametrize("build, functions, shape_nodes_per_layer, fusions_missed", [
     (models.llama, "all", 1, 0), (models.gpt2, "all", 6, 1), (models.bert, "all", 0, 4),
-    (models.bert, ["BertLayer"], 0, 0), (models.vit, ["ViTLayer"], 0, 0)],
-    ids=["llama", "gpt2", "bert", "bert-layers", "vit-layers"])
+    (models.gpt2, ["GPT2Block"], 1, 1), (models.bert, ["BertLayer"], 0, 0),
+    (models.vit, ["ViTLayer"], 0, 0)],
+    ids=["llama", "gpt2", "bert", "gpt2-layers", "bert-layers", "vit-layers"])
 def test_under_dynamic_shapes_only_the_bodies_own_sizes_remain(
         build: Callable[[int], tuple[torch.nn.Module, tuple]], functions: object,
         shape_nodes_per_layer: int, fusions_missed: int, tmp_path: Path) -> None:
@@ -65,7 +66,9 @@ def test_under_dynamic_shapes_only_the_bodies_own_sizes_remain(
     operators, the hierarchical one a few shape nodes more per layer: Llama 1 (its
     attention's two one-dimension Shapes, one Concat fewer), GPT-2 a Shape and a Concat per
     Conv1D call (the size of its output, from a 2-D Gemm: nothing to copy), less what the
-    root's own sizes save. The Add + LayerNormalization pairs ORT leaves unfused in BERT
+    root's own sizes save; with one function per GPT-2 layer its three Conv1D widths share
+    one ``[batch, seq, -1]`` (the ranges keep both at 1 or more), so a Shape per layer
+    remains. The Add + LayerNormalization pairs ORT leaves unfused in BERT
     follow from names lost in BertModel's body (a Slice and an Expand of computed sizes),
     which with ``functions=[BertLayer]`` is the main graph, where torch's value_info holds."""
     model, inputs = build(2)

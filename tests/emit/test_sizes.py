@@ -408,3 +408,68 @@ def test_an_input_no_body_reads_any_more_leaves_every_signature() -> None:
     assert len(call_outer.inputs) == 1 and len(call_inner.inputs) == 1
     (got,) = run(m, x=np.array([[-1.0, 2, -3, 4]], dtype=np.float32))
     np.testing.assert_array_equal(got, [[0, 2, 0, 4]])
+
+
+def _unflattened_widths() -> ir.Graph:
+    """``x [b, s, 8]`` flattened to 2-D, three products of widths 8, 4 and 16, each
+    unflattened to ``[b, s, width]`` with a shape computed from ``x`` (GPT-2's ``Conv1D``)."""
+    x = _dynamic("x", ["b", "s", 8])
+    nodes: list[ir.Node] = []
+
+    def const(name: str, array: np.ndarray) -> ir.Value:
+        node = ir.node("Constant", [], attributes={"value": ir.tensor(array, name=name)},
+                       name=name)
+        node.outputs[0].name = name
+        nodes.append(node)
+        return node.outputs[0]
+
+    flat = ir.node("Reshape", [x, const("rows", np.array([-1, 8], np.int64))], name="flat")
+    shape = ir.node("Shape", [x], attributes={"start": 0, "end": 2}, name="lead")
+    shape.outputs[0].name, shape.outputs[0].shape = "lead", ir.Shape([2])
+    nodes += [flat, shape]
+    outputs = []
+    for width in (8, 4, 16):
+        w = const(f"w{width}", np.random.default_rng(width).standard_normal(
+            (8, width)).astype(np.float32))
+        mm = ir.node("MatMul", [flat.outputs[0], w], name=f"mm{width}")
+        target = ir.node("Concat", [shape.outputs[0], const(f"c{width}", np.array(
+            [width], np.int64))], attributes={"axis": 0}, name=f"target{width}")
+        out = ir.node("Reshape", [mm.outputs[0], target.outputs[0]],
+                      attributes={"allowzero": 1}, name=f"unflat{width}")
+        out.outputs[0].name = f"y{width}"
+        nodes += [mm, target, out]
+        outputs.append(out.outputs[0])
+    return ir.Graph([x], outputs, nodes=nodes, opset_imports={"": 18}, name="g")
+
+
+def test_unflattened_widths_share_one_shape_where_the_sizes_are_never_empty() -> None:
+    """Shapes differing only in their last width become one ``[b, s, -1]`` where the
+    program's ranges keep b and s at 1 or more: one Concat for three; the same numbers."""
+    from onnx_modular.emit.sizes import share_unflatten_shapes
+
+    graph = _unflattened_widths()
+    assert share_unflatten_shapes(graph, frozenset({"b", "s"})) == 3
+    assert [n.op_type for n in graph].count("Concat") == 1
+    reshapes = [n for n in graph if n.op_type == "Reshape" and n.name.startswith("unflat")]
+    assert len({n.inputs[1] for n in reshapes}) == 1
+    for b, s in [(3, 5), (1, 1), (2, 7)]:
+        x = np.random.default_rng(b).standard_normal((b, s, 8)).astype(np.float32)
+        got = run(ir.Model(graph, ir_version=10), x=x)
+        for width, y in zip((8, 4, 16), got, strict=True):
+            w = np.random.default_rng(width).standard_normal((8, width)).astype(np.float32)
+            np.testing.assert_allclose(y, (x.reshape(-1, 8) @ w).reshape(b, s, width),
+                                       rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("nonzero", [frozenset({"s"}), frozenset()], ids=["b-may-be-0", "none"])
+def test_a_size_that_may_be_empty_keeps_its_shapes(nonzero: frozenset[str]) -> None:
+    """A -1 beside an empty size is ambiguous (ONNX Runtime refuses it): where the ranges
+    allow b = 0 every shape stays as written, and an empty batch still runs."""
+    from onnx_modular.emit.sizes import share_unflatten_shapes
+
+    graph = _unflattened_widths()
+    before = [(n.op_type, tuple(v.name for v in n.inputs)) for n in graph]
+    assert share_unflatten_shapes(graph, nonzero) == 0
+    assert [(n.op_type, tuple(v.name for v in n.inputs)) for n in graph] == before
+    got = run(ir.Model(graph, ir_version=10), x=np.zeros((0, 3, 8), np.float32))
+    assert [y.shape for y in got] == [(0, 3, 8), (0, 3, 4), (0, 3, 16)]
