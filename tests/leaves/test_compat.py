@@ -9,10 +9,23 @@ import onnx
 import onnx_ir as ir
 import pytest
 import torch
-from models import llama
+from torch import nn
 
 from onnx_modular.leaves import _compat
 from onnx_modular.lower.capture import capture
+
+
+class _Block(nn.Module):
+    """Ops of several ONNX operators with default attributes (LayerNormalization's axis,
+    Softmax's axis, Gelu's approximation), some of them twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm, self.up, self.down = nn.LayerNorm(8), nn.Linear(8, 16), nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = nn.functional.gelu(self.up(self.norm(x)))
+        return self.norm(x + self.down(h.softmax(-1) * h))
 
 
 def _translated(program: torch.export.ExportedProgram) -> bytes:
@@ -23,8 +36,7 @@ def _translated(program: torch.export.ExportedProgram) -> bytes:
 def test_paying_the_fixed_costs_once_writes_the_same_file(monkeypatch) -> None:
     if _compat._EXPORTER is None:
         pytest.skip("this torch.onnx has no separate export step to patch")
-    model, args = llama()
-    program = capture(model, args)
+    program = capture(_Block(), (torch.randn(2, 5, 8),))
     with_window = _translated(program)
     again = _translated(program)  # now from the cached tables and signatures
     monkeypatch.setattr(_compat, "export_window", contextlib.nullcontext)
@@ -69,8 +81,7 @@ def test_windows_of_two_threads_ending_in_either_order_restore_what_was_there() 
 def test_the_program_a_translation_hands_on_has_its_code() -> None:
     from onnx_modular.lower.translate import translate
 
-    model, args = llama()
-    program = translate(capture(model, args)).program
+    program = translate(capture(_Block(), (torch.randn(2, 5, 8),))).program
     for module in program.graph_module.modules():
         if isinstance(module, torch.fx.GraphModule):
             # (reading ``code`` would generate it: asked first whether it still must be)
