@@ -1,8 +1,9 @@
 """What drives ONNX Runtime's session creation on hierarchical models: GPT-2 (24 layers) as
 torch.onnx's flat export and ours, the hierarchical file with one thing taken away at a
 time (node metadata, value_info inside functions), with the hierarchy cut to fewer levels
-(``functions=``), and inlined beforehand (with its per-call constants as shared
-initializers or not), interleaved, best of N; ratios to torch.onnx's flat file.
+(``functions=``), and inlined beforehand (its per-call constants left as Constant nodes, made
+initializers one per call, or shared), interleaved, best of N; ratios to torch.onnx's flat
+file.
 
 ORT inlines local functions one nesting level per pass (GraphPartitioner::InlineFunctionsAOT),
 resolving the whole graph after each (type inference re-runs every body still called), and
@@ -64,16 +65,17 @@ def inlined(proto: onnx.ModelProto) -> onnx.ModelProto:
     return onnx.inliner.inline_local_functions(copy(proto))
 
 
-def shared_constants(proto: onnx.ModelProto) -> onnx.ModelProto:
+def shared_constants(proto: onnx.ModelProto, share: bool = True) -> onnx.ModelProto:
     """Constant nodes of the main graph as initializers, one per distinct value (what the
-    flat file holds)."""
+    flat file holds), or with ``share=False`` one per node (what ORT makes of each call's
+    constants when it inlines)."""
     out = copy(proto)
     graph, first, rename, keep = out.graph, {}, {}, []
     for node in graph.node:
         if node.op_type == "Constant" and node.attribute[0].name == "value":
             array = onnx.numpy_helper.to_array(node.attribute[0].t)
             key = (array.dtype.str, array.shape, array.tobytes())
-            if key in first:
+            if share and key in first:
                 rename[node.output[0]] = first[key]
             else:
                 first[key] = node.output[0]
@@ -115,6 +117,8 @@ def main() -> None:
         "  without node metadata": without_metadata(hierarchical),
         "  without value_info in functions": without_function_value_info(hierarchical),
         "  inlined by onnx.inliner first": inlined(hierarchical),
+        "  inlined, constants as initializers": shared_constants(inlined(hierarchical),
+                                                                 share=False),
         "  inlined, constants shared": shared_constants(inlined(hierarchical)),
     }
     for functions in (["GPT2Block"], ["Conv1D"], ["GPT2Block", "GPT2Attention"],
