@@ -27,7 +27,7 @@ from onnx_modular.emit.dim_names import name_dims
 from onnx_modular.emit.outline import OutlineReport
 from onnx_modular.emit.pipeline import EmitOptions
 from onnx_modular.leaves._checkpoint import Checkpoint
-from onnx_modular.leaves._compat import dim_names
+from onnx_modular.leaves._compat import declared_nonzero, dim_names
 from onnx_modular.leaves._io import TWO_GB, save_model
 from onnx_modular.leaves._util import gc_paused
 from onnx_modular.leaves.metadata import DIFFERS_FROM
@@ -113,6 +113,8 @@ def export(model: Model, args: ExampleArgs = (), kwargs: ExampleKwargs | None = 
         check_opset(opset, flat=options.flat)
         subject = Subject(model, args, kwargs, dynamic_shapes, weights)
         lowered = lower(subject, opset, ctx, with_calls=needs_calls(options))
+        options = dataclasses.replace(  # sizes a computed shape may end in -1 beside
+            options, nonzero_sizes=declared_nonzero(dynamic_shapes, lowered.program))
         report = emit_whole(lowered, options, ctx)
         name_dims(lowered.model, dim_names(lowered.program))  # as torch.onnx names them
     return ExportResult(lowered.model, ctx.diagnostics, lowered.program,

@@ -18,7 +18,6 @@ from onnx_modular.api.arguments import DynamicShapes, ExampleArgs, ExampleKwargs
 from onnx_modular.diagnostics import DiagnosticContext
 from onnx_modular.emit.pipeline import Chains, EmitOptions, EmitReport, emit_model, program_weights
 from onnx_modular.leaves._checkpoint import Checkpoint
-from onnx_modular.leaves._compat import nonzero_symbols
 from onnx_modular.leaves._log import timed
 from onnx_modular.lower.capture import capture
 from onnx_modular.lower.markers import without_markers
@@ -119,6 +118,4 @@ def needs_calls(options: EmitOptions) -> bool:
 
 def emit_whole(lowered: Lowered, options: EmitOptions, ctx: DiagnosticContext) -> EmitReport:
     """The emit pipeline on the whole translation, in place (``om.export``, ``om.hook``)."""
-    options = dataclasses.replace(
-        options, nonzero_sizes=nonzero_symbols(lowered.program.range_constraints))
     return emit_model(lowered.model, lowered.chains, lowered.weights, options, ctx)

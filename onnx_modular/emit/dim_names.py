@@ -39,12 +39,18 @@ def name_dims(model: ir.Model, names: Mapping[str, str]) -> int:
 
 
 def _values(model: ir.Model) -> list[ir.Value]:
-    """Every value with a shape: graph and function inputs, outputs, initializers and every
-    node's outputs (If branches and Loop bodies too)."""
+    """Every value with a shape: graph, function and subgraph inputs and outputs,
+    initializers and every node's outputs (If branches and Loop bodies too)."""
     values: list[ir.Value] = []
     for graph in graphs(model):
         values += [*graph.inputs, *graph.outputs]
         for node in ir.traversal.RecursiveGraphIterator(graph):
             values += node.outputs
+            for attribute in node.attributes.values():  # a Loop body's inputs, If branches'
+                if attribute.type == ir.AttributeType.GRAPH:
+                    values += [*attribute.value.inputs, *attribute.value.outputs]
+                elif attribute.type == ir.AttributeType.GRAPHS:
+                    for body in attribute.value:
+                        values += [*body.inputs, *body.outputs]
     values += model.graph.initializers.values()
     return values

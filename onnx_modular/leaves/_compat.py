@@ -174,17 +174,17 @@ def fixed_size(dim: Any, range_constraints: Any) -> int | None:
         return None
 
 
-def nonzero_symbols(range_constraints: Any) -> frozenset[str]:
-    """The names of the symbols (``s72``) the program's range constraints keep at 1 or
-    more: sizes never empty in any input the program takes."""
-    names = set()
-    for symbol, bounds in range_constraints.items():
-        try:
-            if bounds.lower >= 1:
-                names.add(str(symbol))
-        except TypeError:  # a bound sympy cannot compare
-            continue
-    return frozenset(names)
+def declared_nonzero(dynamic_shapes: Any, program: torch.export.ExportedProgram
+                     ) -> frozenset[str]:
+    """The symbols (``s72``) of the dimensions the user declared as a ``Dim`` with
+    ``min >= 1``: sizes never empty. A range torch narrowed itself (``Dim.AUTO`` and
+    ``Dim.DYNAMIC`` start at 2 from its 0/1 specialization) is not the user's word: the
+    file still takes a 0 there."""
+    declared = {leaf.__name__ for leaf in _pytree.tree_leaves(dynamic_shapes)
+                if isinstance(getattr(leaf, "__name__", None), str)
+                and isinstance(getattr(leaf, "min", None), int) and leaf.min >= 1}
+    return frozenset(symbol for symbol, name in dim_names(program).items()
+                     if name in declared)
 
 
 def alias_arguments(target: Any) -> list[tuple[int, str, bool]] | None:
@@ -265,7 +265,7 @@ _window_restore: list[Callable[[], None]] = []
 
 @contextlib.contextmanager
 def export_window() -> Iterator[None]:
-    """Four fixed costs of every export paid once (0.2-0.4 s of a small model's 1-3 s),
+    """Three fixed costs of every export paid once (0.15-0.3 s of a small model's 1-3 s),
     with the same results:
 
     - torch.onnx builds its decomposition table from the registry's operators on each call;
@@ -274,20 +274,23 @@ def export_window() -> Iterator[None]:
       reachable as ``torch.ops.<ns>.<op>``, which the first time already did;
     - the translation rebuilds an ONNX operator's signature from its schema for every node
       it writes (half the translation's time; torch.onnx only reads it and copies the
-      default attributes it takes);
-    - torch.export's and the decomposition's passes regenerate a program's Python code after
-      each change (4-8 times an export, 5-30 ms each), which only the last one's first call
-      needs: GraphModules ``make_fx`` makes inside generate it on demand (torch.compile's
-      setting); the program torch.export returns is a plain GraphModule again.
+      default attributes it takes).
 
-    Patched while some export here runs (for every thread then; nested and concurrent
-    windows share one, restored when the last ends); the tables stay cached for the
-    process."""
+    (torch.export's passes also regenerate a program's Python code 4-8 times an export;
+    torch's switch to generate it on demand is one flag for the whole process, which other
+    threads and torch.compile read and set too, and leaves lazy submodules in the programs
+    handed on: not used.) Patched while some export here runs (for every thread then; nested
+    and concurrent windows share one, restored when the last ends, a failed patch
+    included); the tables stay cached for the process."""
     global _window_users
     with _WINDOW_LOCK:
         _window_users += 1
         if _window_users == 1:
-            _window_restore[:] = _patch_fixed_costs()
+            try:
+                _window_restore[:] = _patch_fixed_costs()
+            except BaseException:
+                _window_users -= 1
+                raise
     try:
         yield
     finally:
@@ -324,13 +327,6 @@ def _patch_fixed_costs() -> list[Callable[[], None]]:
 
         make = ir.schemas.OpSignature.__dict__["from_op_schema"].__func__
         patch(ir.schemas.OpSignature, "from_op_schema", classmethod(_cached_signature(make)))
-    except (ImportError, AttributeError, KeyError):
-        pass
-    try:
-        from torch.fx import _lazy_graph_module as lazy
-
-        if not lazy._force_skip_lazy_graph_module_flag:
-            patch(lazy, "_use_lazy_graph_module_flag", True)
     except (ImportError, AttributeError, KeyError):
         pass
     return undo

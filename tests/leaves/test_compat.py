@@ -45,12 +45,11 @@ def test_paying_the_fixed_costs_once_writes_the_same_file(monkeypatch) -> None:
 
 def _patched() -> list[object]:
     from torch._export import utils as export_utils
-    from torch.fx import _lazy_graph_module as lazy
     from torch.onnx._internal.exporter import _decomp
 
     return [ir.schemas.OpSignature.__dict__["from_op_schema"],
             _decomp.create_onnx_friendly_decomposition_table,
-            export_utils._materialize_cpp_cia_ops, lazy._use_lazy_graph_module_flag]
+            export_utils._materialize_cpp_cia_ops]
 
 
 def test_what_the_window_patches_is_restored_after_it_also_on_failure() -> None:
@@ -78,11 +77,39 @@ def test_windows_of_two_threads_ending_in_either_order_restore_what_was_there() 
     assert _patched() == before
 
 
-def test_the_program_a_translation_hands_on_has_its_code() -> None:
+def test_a_window_whose_patching_fails_leaves_nothing_behind(monkeypatch) -> None:
+    before = _patched()
+
+    def broken() -> list[object]:
+        raise RuntimeError("a torch without what we patch")
+
+    monkeypatch.setattr(_compat, "_patch_fixed_costs", broken)
+    with pytest.raises(RuntimeError), _compat.export_window():
+        pass
+    monkeypatch.undo()
+    with _compat.export_window():  # the next window patches again (no count left at 1)
+        assert _patched() != before
+    assert _patched() == before
+
+
+class _Branching(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cond(x.sum() > 0, lambda t: t.sin(), lambda t: t.cos(), (x,))
+
+
+def test_programs_handed_on_hold_plain_graph_modules_compile_can_trace() -> None:
+    """torch.export runs inside the window: its programs' submodules (a cond's branches)
+    are GraphModules with their code, which torch.compile traces, and a thread exporting
+    outside any window meanwhile gets plain ones too."""
+    from torch.fx._lazy_graph_module import _LazyGraphModule
+
     from onnx_modular.lower.translate import translate
 
-    program = translate(capture(_Block(), (torch.randn(2, 5, 8),))).program
-    for module in program.graph_module.modules():
-        if isinstance(module, torch.fx.GraphModule):
-            # (reading ``code`` would generate it: asked first whether it still must be)
-            assert not getattr(module, "_needs_recompile", lambda: False)()
+    x = torch.randn(3, 4)
+    program = capture(_Branching(), (x,))
+    lowered = translate(program).program
+    for gm in (program.graph_module, lowered.graph_module):
+        assert not [m for m in gm.modules() if isinstance(m, _LazyGraphModule)]
+    compiled = torch.compile(program.module(), backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x), _Branching()(x))
+    torch.testing.assert_close(compiled(-x.abs()), _Branching()(-x.abs()))
