@@ -113,3 +113,16 @@ def test_programs_handed_on_hold_plain_graph_modules_compile_can_trace() -> None
     compiled = torch.compile(program.module(), backend="eager", fullgraph=True)
     torch.testing.assert_close(compiled(x), _Branching()(x))
     torch.testing.assert_close(compiled(-x.abs()), _Branching()(-x.abs()))
+
+
+@pytest.mark.parametrize("dims, nonzero", [
+    ({0: torch.export.Dim("b", min=1), 1: torch.export.Dim("s", min=2)}, {"b", "s"}),
+    ({0: torch.export.Dim("b"), 1: torch.export.Dim("s", min=1)}, {"s"}),  # b may be 0
+    ({0: torch.export.Dim.AUTO, 1: torch.export.Dim.DYNAMIC}, set()),  # torch's 2, not ours
+], ids=["declared", "default-min-0", "auto"])
+def test_sizes_never_empty_are_those_the_user_declared_so(dims: dict, nonzero: set) -> None:
+    x = torch.randn(2, 5, 8)
+    program = torch.export.export(nn.Linear(8, 4), (x,), dynamic_shapes=(dims,))
+    names = _compat.dim_names(program)
+    found = _compat.declared_nonzero((dims,), program)
+    assert {names.get(symbol, symbol) for symbol in found} == nonzero
