@@ -63,8 +63,8 @@ class EmitOptions:
     optimize: bool = True
     #: ONNX op types the optimizer's rewrites must not create (an acc region's denied ops)
     avoid_ops: frozenset[str] = frozenset()
-    #: symbolic sizes the program's ranges keep at 1 or more (``s72``): a computed shape
-    #: may end in -1 beside them (:func:`~onnx_modular.emit.sizes.share_unflatten_shapes`)
+    #: symbolic sizes the user declared at 1 or more (``s72``): a computed shape may end
+    #: in -1 beside them (:func:`~onnx_modular.emit.sizes.share_unflatten_shapes`)
     nonzero_sizes: frozenset[str] = frozenset()
 
     @property

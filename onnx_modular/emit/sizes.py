@@ -471,8 +471,8 @@ def share_unflatten_shapes(graph: ir.Graph, nonzero: frozenset[str]) -> int:
     [64])`` -> one ``Concat(Shape(a, 0, 2), [-1])`` (GPT-2's ``Conv1D`` outputs, unflattened
     after a 2-D ``Gemm``: three widths per layer, so three ``Concat`` nodes a flat file shares
     across layers). The -1 stands for the entry it replaces wherever the other entries
-    multiply to at least 1: each is a positive literal or a symbol the program's ranges
-    keep at 1 or more (``nonzero``); where a size may be 0 the shapes stay as they were.
+    multiply to at least 1: each is a positive literal or a symbol the user declared at 1
+    or more (``nonzero``); where a size may be 0 the shapes stay as they were.
     Returns the number of ``Reshape`` nodes rewritten."""
     groups: dict[tuple[object, ...], list[ir.Node]] = {}
     for node in graph:
@@ -588,8 +588,8 @@ def _drop_arguments(node: ir.Node, positions: list[int]) -> None:
 class SimplifyOwnSizes(EmitPass):
     """In every function body (where the sizes are computed): :func:`merge_shape_slices`,
     then :func:`copy_own_dims`, then :func:`share_unflatten_shapes` (``nonzero``: the
-    symbols the program's ranges keep at 1 or more); then the inputs no body reads leave
-    the signatures (:func:`drop_unused_inputs`)."""
+    symbols the user declared at 1 or more); then the inputs no body reads leave the
+    signatures (:func:`drop_unused_inputs`)."""
 
     def __init__(self, nonzero: frozenset[str] = frozenset()) -> None:
         super().__init__()

@@ -288,7 +288,7 @@ def export_window() -> Iterator[None]:
         if _window_users == 1:
             try:
                 _window_restore[:] = _patch_fixed_costs()
-            except BaseException:
+            except BaseException:  # what was patched is undone there
                 _window_users -= 1
                 raise
     try:
@@ -304,8 +304,20 @@ def export_window() -> Iterator[None]:
 
 def _patch_fixed_costs() -> list[Callable[[], None]]:
     """Install what :func:`export_window` patches; what undoes each (only what this torch,
-    onnxscript and onnx_ir have is patched)."""
+    onnxscript and onnx_ir have is patched; on any other failure what was patched is undone
+    before the error goes on)."""
     undo: list[Callable[[], None]] = []
+    try:
+        _install_fixed_costs(undo)
+    except BaseException:
+        for restore in reversed(undo):
+            restore()
+        raise
+    return undo
+
+
+def _install_fixed_costs(undo: list[Callable[[], None]]) -> None:
+    """Patch each fixed cost, appending to ``undo`` as it goes."""
 
     def patch(owner: Any, name: str, value: Any) -> None:
         before = owner.__dict__[name]
@@ -329,7 +341,6 @@ def _patch_fixed_costs() -> list[Callable[[], None]]:
         patch(ir.schemas.OpSignature, "from_op_schema", classmethod(_cached_signature(make)))
     except (ImportError, AttributeError, KeyError):
         pass
-    return undo
 
 
 _TABLES: dict[frozenset[Any], dict[Any, Callable[..., Any]]] = {}

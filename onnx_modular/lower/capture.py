@@ -23,7 +23,6 @@ from onnx_modular.leaves._checkpoint import (
 )
 from onnx_modular.leaves._compat import (
     ExportUserError,
-    export_window,
     is_constraint_violation,
     quiet_libraries,
     size_oblivious,
@@ -79,9 +78,8 @@ def _export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: ExampleKwargs
     suggested fixes make static (Funnel's sequence); a warning says which. The first error
     is raised if all fail."""
     def export(shapes: Any) -> torch.export.ExportedProgram:
-        with export_window():
-            return torch.export.export(model, args, kwargs or {}, dynamic_shapes=shapes,
-                                       strict=False)
+        return torch.export.export(model, args, kwargs or {}, dynamic_shapes=shapes,
+                                   strict=False)
 
     try:
         return export(dynamic_shapes)

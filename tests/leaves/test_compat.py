@@ -92,6 +92,18 @@ def test_a_window_whose_patching_fails_leaves_nothing_behind(monkeypatch) -> Non
     assert _patched() == before
 
 
+def test_a_patch_failing_halfway_undoes_those_made_before_it(monkeypatch) -> None:
+    before = _patched()
+
+    def broken(make: object) -> object:
+        raise RuntimeError("an onnx_ir this window does not know")
+
+    monkeypatch.setattr(_compat, "_cached_signature", broken)  # the last of the patches
+    with pytest.raises(RuntimeError), _compat.export_window():
+        pass
+    assert _patched() == before
+
+
 class _Branching(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cond(x.sum() > 0, lambda t: t.sin(), lambda t: t.cos(), (x,))
