@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 import onnx_ir as ir
 
-from onnx_modular.emit.walk import graphs
+from onnx_modular.emit.walk import all_nodes, graphs
 
 
 def name_dims(model: ir.Model, names: Mapping[str, str]) -> int:
@@ -41,16 +41,14 @@ def name_dims(model: ir.Model, names: Mapping[str, str]) -> int:
 def _values(model: ir.Model) -> list[ir.Value]:
     """Every value with a shape: graph, function and subgraph inputs and outputs,
     initializers and every node's outputs (If branches and Loop bodies too)."""
-    values: list[ir.Value] = []
+    values: list[ir.Value] = [*model.graph.initializers.values()]
     for graph in graphs(model):
         values += [*graph.inputs, *graph.outputs]
-        for node in ir.traversal.RecursiveGraphIterator(graph):
-            values += node.outputs
-            for attribute in node.attributes.values():  # a Loop body's inputs, If branches'
-                if attribute.type == ir.AttributeType.GRAPH:
-                    values += [*attribute.value.inputs, *attribute.value.outputs]
-                elif attribute.type == ir.AttributeType.GRAPHS:
-                    for body in attribute.value:
-                        values += [*body.inputs, *body.outputs]
-    values += model.graph.initializers.values()
+    for node in all_nodes(model):
+        values += node.outputs
+        for attribute in node.attributes.values():  # a Loop body's inputs, If branches'
+            bodies = [attribute.value] if attribute.type == ir.AttributeType.GRAPH else \
+                attribute.value if attribute.type == ir.AttributeType.GRAPHS else []
+            for body in bodies:
+                values += [*body.inputs, *body.outputs]
     return values

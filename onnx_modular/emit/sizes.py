@@ -474,17 +474,16 @@ def share_unflatten_shapes(graph: ir.Graph, nonzero: frozenset[str]) -> int:
     multiply to at least 1: each is a positive literal or a symbol the user declared at 1
     or more (``nonzero``); where a size may be 0 the shapes stay as they were.
     Returns the number of ``Reshape`` nodes rewritten."""
-    groups: dict[tuple[object, ...], list[ir.Node]] = {}
+    groups: dict[tuple[object, ...], list[tuple[ir.Node, int]]] = {}
     for node in graph:
-        key = _unflatten_prefix(node, nonzero)
-        if key is not None:
-            groups.setdefault(key, []).append(node)
+        found = _unflatten_prefix(node, nonzero)
+        if found is not None:
+            groups.setdefault(found[0], []).append((node, found[1]))
     rewritten = 0
-    for nodes in groups.values():
-        lasts = {int(ir.convenience.get_const_tensor(  # type: ignore[union-attr]
-            _pieces(n)[-1]).numpy().reshape(-1)[0]) for n in nodes}
-        if len(lasts) < 2:
+    for members in groups.values():
+        if len({last for _, last in members}) < 2:
             continue  # equal shapes: ONNX Runtime's common-subexpression pass shares them
+        nodes = [node for node, _ in members]
         first = nodes[0]  # graph order: its pieces are defined before every other user
         name = f"{first.name or 'Reshape'}_unflatten"
         minus_one = ir.node("Constant", [], attributes={
@@ -511,9 +510,11 @@ def _pieces(node: ir.Node) -> list[ir.Value]:
     return list(node.inputs[1].producer().inputs)  # type: ignore[union-attr]
 
 
-def _unflatten_prefix(node: ir.Node, nonzero: frozenset[str]) -> tuple[object, ...] | None:
+def _unflatten_prefix(node: ir.Node, nonzero: frozenset[str]
+                      ) -> tuple[tuple[object, ...], int] | None:
     """What a ``Reshape``'s computed shape says before its last, constant, positive entry,
-    where those entries multiply to at least 1 (with its ``allowzero``); None otherwise."""
+    where those entries multiply to at least 1 (with its ``allowzero``), and that entry;
+    None otherwise."""
     if (node.op_type != "Reshape" or node.domain not in ("", "ai.onnx") or len(node.inputs) < 2
             or node.inputs[1] is None or node.inputs[1].is_graph_output()):
         return None
@@ -530,7 +531,7 @@ def _unflatten_prefix(node: ir.Node, nonzero: frozenset[str]) -> tuple[object, .
     prefix = entries[:-1]
     if not all(e > 0 if isinstance(e, int) else e in nonzero for e in prefix):
         return None
-    return (*prefix, node.attributes.get_int("allowzero", 0))
+    return (*prefix, node.attributes.get_int("allowzero", 0)), int(entries[-1])
 
 
 def remove_dead_size_nodes(graph: ir.Graph, among: Sequence[ir.Node] | None = None
