@@ -267,3 +267,53 @@ def finish_inlined(model: ir.Model) -> None:
     )(model)
     remove_unused_initializers(model.graph)
 
+
+
+def _constant_key(node: ir.Node) -> tuple[object, ...] | None:
+    """What a Constant node holds, comparable: its attribute's name, dtype, shape and bytes
+    (None for anything else, or a Constant whose value cannot be read)."""
+    if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or node.inputs \
+            or len(node.attributes) != 1:
+        return None
+    attribute = next(iter(node.attributes.values()))
+    value = attribute.value
+    if isinstance(value, ir.TensorProtocol):
+        array = value.numpy()
+        return attribute.name, array.dtype.str, array.shape, array.tobytes()
+    if isinstance(value, (int, float, str)) or (
+            isinstance(value, Sequence) and all(isinstance(v, (int, float)) for v in value)):
+        return attribute.name, repr(value)
+    return None
+
+
+def share_equal_constants(graph: ir.Graph) -> int:
+    """Constant nodes of ``graph`` holding the same value -> the first of them.
+
+    ONNX Runtime turns each Constant of each call into an initializer of its own when it
+    inlines a function: a GPT-2 block's body wrote its three ``[-1, 64]`` and three
+    ``[1, 16, -1, 16]`` shapes once per Reshape (17 Constants where 12 values), which made
+    every layer call cost five initializers more at session creation. Only Constant nodes,
+    never other common subexpressions: the body keeps the topology of the flat model.
+    """
+    first: dict[tuple[object, ...], ir.Value] = {}
+    shared = 0
+    for node in list(graph):
+        key = _constant_key(node)
+        if key is None:
+            continue
+        output = node.outputs[0]
+        kept = first.setdefault(key, output)
+        if kept is output or output in graph.outputs:
+            continue
+        output.replace_all_uses_with(kept)
+        graph.remove(node, safe=True)
+        shared += 1
+    return shared
+
+
+class ShareConstants(EmitPass):
+    """In every function body, equal Constant nodes become one (:func:`share_equal_constants`)."""
+
+    def run(self, model: ir.Model) -> None:
+        for function in model.functions.values():
+            share_equal_constants(function.graph)

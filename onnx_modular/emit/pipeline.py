@@ -13,7 +13,9 @@ one :class:`~onnx_ir.passes.Sequential`, so a failure names the step it happened
    ``ParametrizeBeforeOptimizing`` made bodies of one signature that differ only in float
    scalars one function (a scale of 1.0 would be optimized away, the others not); then
    ``SimplifyOwnSizes``: the sizes a body computes for itself, as few and as constant as
-   they can be (one Shape slice per run of dimensions, Reshapes copying their own dims).
+   they can be (one Shape slice per run of dimensions, Reshapes copying their own dims);
+   ``ShareConstants``: equal Constant nodes of a body become one (ORT makes each Constant
+   of each call an initializer of its own).
 4. ``MergeEqualFunctions``: bodies the optimizer made equal become one function, to a
    fixpoint (a parent merges once its children have).
 5. ``ExplainDifferences``: each function of a class but the first says why it stayed apart.
@@ -34,7 +36,7 @@ from onnx_modular.emit.explain import ExplainDifferences
 from onnx_modular.emit.infra import Chains, EmitPassError
 from onnx_modular.emit.inline import InlineAll
 from onnx_modular.emit.merge import MergeEqualFunctions, ParametrizeBeforeOptimizing
-from onnx_modular.emit.optimize import FoldWeights, Optimize
+from onnx_modular.emit.optimize import FoldWeights, Optimize, ShareConstants
 from onnx_modular.emit.outline import (
     Outline,
     OutlineReport,
@@ -148,6 +150,7 @@ def _steps(options: EmitOptions, chains: Chains, weights: frozenset[str] | set[s
         steps.append(Optimize(options.avoid_ops))
         if not options.flat:
             steps.append(SimplifyOwnSizes(options.nonzero_sizes))
+            steps.append(ShareConstants())
         if options.dedupe and not options.flat:  # flat: everything is inlined right after
             steps.append(MergeEqualFunctions(report))
     if options.dedupe and not options.flat:

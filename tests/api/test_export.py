@@ -11,6 +11,7 @@ import models
 import numpy as np
 import onnx
 import onnx.inliner
+import onnx.numpy_helper
 import pytest
 import torch
 from torch import nn
@@ -385,6 +386,12 @@ def test_layer_functions_inline_to_torch_onnx_flat_size(ort_outputs, assert_clos
     flat = _flat_torch(model, args)
     assert _non_constant(inlined.graph.node) <= _non_constant(flat.graph.node)
     assert_close(ort_outputs(proto, args)[0], ort_outputs(flat, args)[0], 1e-6)
+    # ORT makes each Constant of each call an initializer: the body holds each value once
+    body = next(f for f in proto.functions if f.name == "GPT2Block")
+    arrays = [onnx.numpy_helper.to_array(n.attribute[0].t) for n in body.node
+              if n.op_type == "Constant"]
+    held = [(a.dtype.str, a.shape, a.tobytes()) for a in arrays]
+    assert len(held) > 1 and len(set(held)) == len(held)
 
 
 class _CompiledRegionBlock(torch.nn.Module):

@@ -14,6 +14,7 @@ from onnx_modular.emit.optimize import (
     optimize,
     plain_reshapes,
     remove_unused_initializers,
+    share_equal_constants,
 )
 from onnx_modular.leaves._weights import StridedTensor
 
@@ -130,6 +131,41 @@ def test_collapse_reshapes_inside_function_bodies() -> None:
     assert [n.op_type for n in f if n.op_type == "Reshape"] == ["Reshape"]
     np.testing.assert_array_equal(run(m, x=X)[0], X.reshape(4, 2))
     assert collapse_reshapes(body([0, 2])) == 0  # a 0 copies the intermediate shape
+
+
+def test_equal_constants_of_a_body_become_one() -> None:
+    """Two Reshapes to [4, 2] and one to [8]: the two equal shapes become one Constant, the
+    other value, a float with the same bytes' length and a body output keep their own."""
+    f = function("F", ["Identity"], shape=(2, 4))
+    graph = f.graph
+    x = graph.inputs[0]
+
+    def const(array: np.ndarray) -> ir.Node:
+        return ir.node("Constant", [], attributes={"value": ir.tensor(array)})
+
+    a, b, c = (const(np.array(v, np.int64)) for v in ([4, 2], [4, 2], [8]))
+    other_dtype = const(np.array([4, 2], np.int32))
+    out = const(np.array([4, 2], np.int64))
+    r1, r2 = ir.node("Reshape", [x, a.outputs[0]]), ir.node("Reshape", [x, b.outputs[0]])
+    flat = ir.node("Reshape", [r1.outputs[0], c.outputs[0]])
+    add = ir.node("Add", [r1.outputs[0], r2.outputs[0]])
+    cast = ir.node("Cast", [other_dtype.outputs[0]], attributes={"to": 7})
+    for node in list(graph):
+        graph.remove(node, safe=False)
+    graph.extend([a, b, c, other_dtype, out, r1, r2, flat, add, cast])
+    graph.outputs[:] = [add.outputs[0], flat.outputs[0], cast.outputs[0], out.outputs[0]]
+    m = model([value("x")], [], [], functions=[f], opsets={"": OPSET, "pkg": 1})
+    caller = ir.node("F", [m.graph.inputs[0]], domain="pkg", num_outputs=4)
+    m.graph.append(caller)
+    m.graph.outputs.extend(caller.outputs)
+    assert share_equal_constants(graph) == 1
+    assert [n.op_type for n in graph].count("Constant") == 4
+    assert r2.inputs[1] is a.outputs[0] and out.outputs[0] in graph.outputs
+    results = run(m, x=X)
+    np.testing.assert_array_equal(results[0], 2 * X.reshape(4, 2))
+    np.testing.assert_array_equal(results[1], X.reshape(8))
+    np.testing.assert_array_equal(results[3], [4, 2])
+    assert share_equal_constants(graph) == 0
 
 
 def test_plain_reshapes_only_where_allowzero_cannot_matter() -> None:
