@@ -277,9 +277,11 @@ def _constant_key(node: ir.Node) -> tuple[object, ...] | None:
         return None
     attribute = next(iter(node.attributes.values()))
     value = attribute.value
-    if isinstance(value, ir.TensorProtocol):
+    if attribute.type == ir.AttributeType.TENSOR:
         array = value.numpy()
-        return attribute.name, array.dtype.str, array.shape, array.tobytes()
+        # an object array's bytes are pointers (strings): compare its items instead
+        held = tuple(array.ravel().tolist()) if array.dtype.kind == "O" else array.tobytes()
+        return attribute.name, array.dtype.str, array.shape, held
     if isinstance(value, (int, float, str)) or (
             isinstance(value, Sequence) and all(isinstance(v, (int, float)) for v in value)):
         return attribute.name, repr(value)

@@ -168,6 +168,21 @@ def test_equal_constants_of_a_body_become_one() -> None:
     assert share_equal_constants(graph) == 0
 
 
+def test_string_constants_are_compared_by_their_text() -> None:
+    """A string tensor's numpy bytes are pointers: equal texts are one, others stay."""
+    def const(*texts: str) -> ir.Node:
+        return ir.node("Constant", [], attributes={"value": ir.tensor(np.array(texts,
+                                                                               dtype=object))})
+
+    nodes = [const("ab", "cd"), const("ab", "cd"), const("ab", "ce")]
+    graph = ir.Graph([], [], nodes=nodes)
+    users = [ir.node("Identity", [n.outputs[0]]) for n in nodes]
+    graph.extend(users)
+    graph.outputs.extend(u.outputs[0] for u in users)
+    assert share_equal_constants(graph) == 1
+    assert [u.inputs[0].producer() for u in users] == [nodes[0], nodes[0], nodes[2]]
+
+
 def test_plain_reshapes_only_where_allowzero_cannot_matter() -> None:
     """allowzero=1 -> 0 (which ONNX Runtime needs to fuse contiguous Reshapes) only for a
     constant shape without 0: with a 0 entry, or a shape computed at run time, the two
