@@ -65,6 +65,10 @@ def function_stats(model: onnx.ModelProto) -> list[FunctionStats]:
 #: Ops of shape arithmetic (what a body's sizes are computed with): a value they make from
 #: shapes is a size, not data.
 _SHAPE_OPS = SHAPE_ARITHMETIC | {"Size"}
+#: Ops whose values are their first input's (moved, not computed): a slice of a weight by a
+#: size (BERT-like position ids, ``position_ids[:, :seq]``) is data, not a size.
+_DATA_FIRST = frozenset({"Gather", "Slice", "Reshape", "Squeeze", "Unsqueeze", "Identity",
+                         "Cast"})
 
 
 def input_kinds(model: onnx.ModelProto) -> dict[str, list[str]]:
@@ -101,7 +105,8 @@ def input_kinds(model: onnx.ModelProto) -> dict[str, list[str]]:
                 else:
                     froms = [kind(i) for i in node.input if i]
                     if node.op_type in _SHAPE_OPS and "size" in froms and all(
-                            k in ("size", "constant", "weight") for k in froms):
+                            k in ("size", "constant", "weight") for k in froms) and (
+                            node.op_type not in _DATA_FIRST or froms[0] == "size"):
                         cache[name] = "size"
             return cache[name]
 

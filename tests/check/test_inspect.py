@@ -12,6 +12,7 @@ from onnx_modular.check.inspect import (
     call_tree,
     function_stats,
     function_table,
+    input_kinds,
     load_onnx,
     summary,
 )
@@ -117,3 +118,35 @@ def test_load_onnx_reads_a_file_and_refuses_others_in_one_line(tmp_path, model) 
         with pytest.raises(om.OnnxModularError, match=words) as info:
             load_onnx(path)
         assert "\n" not in str(info.value) and "OM0501" in str(info.value)
+
+
+def test_a_slice_of_a_weight_by_a_size_is_data_a_slice_of_a_shape_is_a_size() -> None:
+    """Position ids cut from a buffer to the sequence length (``position_ids[:, :seq]``,
+    BERT-like embeddings) enter an Embedding as data; the sequence length itself, sliced
+    from a Shape, is a size."""
+    lookup = helper.make_function("pkg", "Lookup", ["table", "ids"], ["out"],
+                                  [helper.make_node("Gather", ["table", "ids"], ["out"])],
+                                  [helper.make_opsetid("", 18)])
+    fill = helper.make_function("pkg", "Fill", ["n"], ["out"],
+                                [helper.make_node("ConstantOfShape", ["n"], ["out"])],
+                                [helper.make_opsetid("", 18)])
+    one, zero = (helper.make_tensor(n, onnx.TensorProto.INT64, [1], [v])
+                 for n, v in (("one", 1), ("zero", 0)))
+    nodes = [
+        helper.make_node("Constant", [], ["c1"], value=one),
+        helper.make_node("Constant", [], ["c0"], value=zero),
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Slice", ["shape", "c0", "c1"], ["seq"]),
+        helper.make_node("Slice", ["pos", "c0", "seq", "c0"], ["ids"]),
+        helper.make_node("Lookup", ["table", "ids"], ["looked"], domain="pkg"),
+        helper.make_node("Fill", ["seq"], ["filled"], domain="pkg"),
+    ]
+    graph = helper.make_graph(
+        nodes, "main", [helper.make_tensor_value_info("x", onnx.TensorProto.INT64, [3])],
+        [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None)
+         for n in ("looked", "filled")],
+        [helper.make_tensor("pos", onnx.TensorProto.INT64, [8], list(range(8))),
+         helper.make_tensor("table", onnx.TensorProto.FLOAT, [8, 2], [0.0] * 16)])
+    proto = helper.make_model(graph, functions=[lookup, fill], opset_imports=[
+        helper.make_opsetid("", 18), helper.make_opsetid("pkg", 1)])
+    assert input_kinds(proto) == {"Lookup": ["weight", "activation"], "Fill": ["size"]}
