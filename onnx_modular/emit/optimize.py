@@ -271,11 +271,14 @@ def finish_inlined(model: ir.Model) -> None:
 
 def _constant_key(node: ir.Node) -> tuple[object, ...] | None:
     """What a Constant node holds, comparable: its attribute's name, dtype, shape and bytes
-    (None for anything else, or a Constant whose value cannot be read)."""
+    (None for anything else, or a Constant whose value is a reference to the function's
+    attribute)."""
     if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or node.inputs \
             or len(node.attributes) != 1:
         return None
     attribute = next(iter(node.attributes.values()))
+    if attribute.is_ref():  # the function's attribute: its value differs per call
+        return None
     value = attribute.value
     if attribute.type == ir.AttributeType.TENSOR:
         array = value.numpy()

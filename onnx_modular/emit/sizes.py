@@ -534,6 +534,129 @@ def _unflatten_prefix(node: ir.Node, nonzero: frozenset[str]
     return (*prefix, node.attributes.get_int("allowzero", 0)), int(entries[-1])
 
 
+def transpose_through_reshapes(graph: ir.Graph) -> int:
+    """``Reshape(Transpose(Reshape(k, [-1, a, b]), [0, 2, 1]), [*lead, b, a])`` of a
+    ``[*lead, a, b]`` tensor ``k`` -> ``Transpose(k)`` of its last two axes.
+
+    torchlib's ``scaled_dot_product_attention`` (the default attention of BERT-like
+    transformers models) transposes the key this way, its shapes computed from
+    ``Shape(key)``. In the flat file torch's value_info names the result; ONNX Runtime
+    drops a function's value_info when it inlines and cannot infer through computed shapes,
+    so the scores, and every value after them, lost their names and each layer's
+    Add + LayerNormalization stayed unfused (BERT under dynamic shapes: 0 of 4
+    ``SkipLayerNormalization``). A Transpose says the same for every size (an empty one
+    too, which the -1 could not reshape) and its shape is inferable. Returns how many."""
+    rewritten = 0
+    for node in list(graph):
+        found = _transposed_by_reshapes(node)
+        if found is None:
+            continue
+        key, removed = found
+        rank = len(key.shape)  # type: ignore[arg-type]
+        perm = [*range(rank - 2), rank - 1, rank - 2]
+        transpose = ir.node("Transpose", [key], attributes={"perm": perm}, name=node.name,
+                            metadata_props=dict(node.metadata_props))
+        old, new = node.outputs[0], transpose.outputs[0]
+        graph.insert_before(node, transpose)
+        old.replace_all_uses_with(new, replace_graph_outputs=True)
+        new.name, new.type, new.shape = old.name, old.type, old.shape
+        for dead in removed:
+            graph.remove(dead, safe=True)
+        rewritten += 1
+    if rewritten:
+        remove_dead_size_nodes(graph)
+    return rewritten
+
+
+def _transposed_by_reshapes(node: ir.Node) -> tuple[ir.Value, list[ir.Node]] | None:
+    """(k, the three nodes) where ``node`` ends the pattern of
+    :func:`transpose_through_reshapes`, else None."""
+    if not _is_onnx(node, "Reshape") or len(node.inputs) < 2 or node.inputs[0] is None:
+        return None
+    transpose = node.inputs[0].producer()
+    if not _is_onnx(transpose, "Transpose") or len(node.inputs[0].uses()) != 1 \
+            or node.inputs[0].is_graph_output() or transpose.inputs[0] is None \
+            or list(transpose.attributes.get_ints("perm", [])) != [0, 2, 1]:
+        return None
+    inner = transpose.inputs[0].producer()
+    if not _is_onnx(inner, "Reshape") or len(transpose.inputs[0].uses()) != 1 \
+            or transpose.inputs[0].is_graph_output() or len(inner.inputs) < 2 \
+            or inner.inputs[0] is None or inner.inputs[0].shape is None:
+        return None
+    key = inner.inputs[0]
+    dims: list[int | str] = []
+    for dim in key.shape:
+        if isinstance(dim, int) and dim > 0:
+            dims.append(dim)
+        elif not isinstance(dim, int) and _named(dim):
+            dims.append(str(dim))
+        else:
+            return None
+    if len(dims) < 2:
+        return None
+    first, second = _entries(inner.inputs[1]), _entries(node.inputs[1])
+    if first != [-1, dims[-2], dims[-1]] or second != [*dims[:-2], dims[-1], dims[-2]]:
+        return None
+    return key, [node, transpose, inner]
+
+
+def _is_onnx(node: ir.Node | None, op_type: str) -> bool:
+    return node is not None and node.op_type == op_type and node.domain in ("", "ai.onnx")
+
+
+def _entries(shape: ir.Value | None) -> list[int | str] | None:
+    """A shape's entries (:func:`_shape_entries`), its pieces also ``Slice``s of a
+    ``Shape`` by constant bounds (torchlib's ``shape[-2:-1]``)."""
+    if shape is None:
+        return None
+    constant = ir.convenience.get_const_tensor(shape)
+    if constant is not None:
+        array = constant.numpy()
+        return [int(v) for v in array.reshape(-1)] if array.ndim == 1 else None
+    producer = shape.producer()
+    if not _is_onnx(producer, "Concat"):
+        return _shape_entries(shape)
+    entries: list[int | str] = []
+    for piece in producer.inputs:
+        found = _piece_entries(piece) if piece is not None else None
+        if found is None:
+            found = _sliced_shape_entries(piece)
+        if found is None:
+            return None
+        entries.extend(found)
+    return entries
+
+
+def _sliced_shape_entries(piece: ir.Value | None) -> list[int | str] | None:
+    """``Slice(Shape(x), [start], [end])`` (axis 0, step 1): those dims of ``x``."""
+    producer = piece.producer() if piece is not None else None
+    if not _is_onnx(producer, "Slice") or len(producer.inputs) not in (3, 4, 5):
+        return None
+    source = producer.inputs[0].producer() if producer.inputs[0] is not None else None
+    if not _is_onnx(source, "Shape") or source.attributes.get_int("start", 0) != 0 \
+            or source.attributes.get_int("end", None) is not None \
+            or source.inputs[0] is None or source.inputs[0].shape is None:
+        return None
+    bounds = [ir.convenience.get_const_tensor(v) if v is not None else None
+              for v in producer.inputs[1:]]
+    if any(b is None or b.numpy().size != 1 for b in bounds[:2]):
+        return None
+    for b, default in zip(bounds[2:], (0, 1)):  # axes, steps
+        if b is None or b.numpy().reshape(-1).tolist() != [default]:
+            return None
+    start, end = (int(b.numpy().reshape(-1)[0]) for b in bounds[:2])  # type: ignore[union-attr]
+    dims = list(source.inputs[0].shape)
+    entries: list[int | str] = []
+    for dim in dims[slice(start, end)]:
+        if isinstance(dim, int):
+            entries.append(dim)
+        elif _named(dim):
+            entries.append(str(dim))
+        else:
+            return None
+    return entries
+
+
 def remove_dead_size_nodes(graph: ir.Graph, among: Sequence[ir.Node] | None = None
                            ) -> set[ir.Node]:
     """The shape arithmetic no one reads after a rewrite (a Concat, its Shape and Constants),
@@ -587,8 +710,9 @@ def _drop_arguments(node: ir.Node, positions: list[int]) -> None:
 
 
 class SimplifyOwnSizes(EmitPass):
-    """In every function body (where the sizes are computed): :func:`merge_shape_slices`,
-    then :func:`copy_own_dims`, then :func:`share_unflatten_shapes` (``nonzero``: the
+    """In every function body (where the sizes are computed):
+    :func:`transpose_through_reshapes`, :func:`merge_shape_slices`, then
+    :func:`copy_own_dims`, then :func:`share_unflatten_shapes` (``nonzero``: the
     symbols the user declared at 1 or more); then the inputs no body reads leave the
     signatures (:func:`drop_unused_inputs`)."""
 
@@ -598,6 +722,7 @@ class SimplifyOwnSizes(EmitPass):
 
     def run(self, model: ir.Model) -> None:
         for function in model.functions.values():
+            transpose_through_reshapes(function.graph)
             merge_shape_slices(function.graph)
             copy_own_dims(function.graph)
             share_unflatten_shapes(function.graph, self.nonzero)

@@ -84,3 +84,50 @@ def test_under_dynamic_shapes_only_the_bodies_own_sizes_remain(
     assert set(differ) <= _SHAPE_OPS | _SKIP_FUSION, differ
     assert differ.get("SkipLayerNormalization", 0) == -fusions_missed, differ
     assert sum(differ.get(op, 0) for op in _SHAPE_OPS) <= shape_nodes_per_layer * 2, differ
+
+
+def _bert_sdpa(layers: int) -> tuple[torch.nn.Module, tuple]:
+    """BERT with transformers' default attention (torch's scaled_dot_product_attention)."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    config = BertConfig(num_hidden_layers=layers, hidden_size=32, num_attention_heads=4,
+                        intermediate_size=64, vocab_size=99, max_position_embeddings=64)
+    return models.LastHidden(BertModel(config, add_pooling_layer=False).eval()).eval(), \
+        models.token_ids()
+
+
+@pytest.mark.parametrize("functions, fusions_missed", [(["BertLayer"], 0), ("all", 4)],
+                         ids=["layers", "all"])
+def test_torchs_attention_keeps_every_skip_layer_norm_fusion(
+        functions: object, fusions_missed: int, tmp_path: Path) -> None:
+    """torchlib writes scaled_dot_product_attention's key transpose as Reshape, Transpose,
+    Reshape with shapes computed from Shape(key); inside a body ORT could not name the
+    result and lost every layer's SkipLayerNormalization (0 of 4). As one Transpose
+    (emit/sizes.transpose_through_reshapes) the two files fuse the same, ours with fewer
+    shape and data-movement nodes, and the numbers hold at other sizes. With ``'all'``
+    the names BertModel's body loses cost 4, as with eager attention (above)."""
+    model, inputs = _bert_sdpa(2)
+    dims = ({0: torch.export.Dim("batch", min=1, max=32),
+             1: torch.export.Dim("seq", min=2, max=32)},)
+    hierarchical, flat = tmp_path / "hier.onnx", tmp_path / "flat.onnx"
+    om.export(model, inputs, dynamic_shapes=dims, functions=functions).save(hierarchical)
+    with quiet_torch_onnx(), torch.no_grad():
+        torch.onnx.export(model, inputs, dynamic_shapes=dims, dynamo=True).save(str(flat))
+    ours, theirs = _optimized_ops(hierarchical), _optimized_ops(flat)
+    assert theirs["SkipLayerNormalization"] == 4
+    differ = {op: ours[op] - theirs[op] for op in set(ours) | set(theirs) if ours[op] != theirs[op]}
+    assert differ.get("SkipLayerNormalization", 0) == -fusions_missed, differ
+    moved = {op: n for op, n in differ.items() if op not in _SKIP_FUSION}
+    assert all(n < 0 for n in moved.values()), differ
+    assert set(moved) <= _SHAPE_OPS | {"Gather", "Slice", "Transpose"}, differ
+    import numpy as np
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(hierarchical), providers=["CPUExecutionProvider"])
+    for shape in [(3, 5), (1, 2)]:
+        ids = torch.randint(0, 99, shape)
+        with torch.no_grad():
+            want = model(ids).numpy()
+        (got,) = session.run(None, {"input_ids": ids.numpy()})
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

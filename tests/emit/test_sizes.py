@@ -11,7 +11,7 @@ import torch
 import onnx_modular as om
 from onnx_modular.check.inspect import input_kinds
 from onnx_modular.emit.outline import outline
-from onnx_modular.emit.sizes import derive, is_size
+from onnx_modular.emit.sizes import derive, is_size, transpose_through_reshapes
 
 from .graphs import FLOAT, call, fx, model, run, weight
 
@@ -473,3 +473,51 @@ def test_a_size_that_may_be_empty_keeps_its_shapes(nonzero: frozenset[str]) -> N
     assert [(n.op_type, tuple(v.name for v in n.inputs)) for n in graph] == before
     got = run(ir.Model(graph, ir_version=10), x=np.zeros((0, 3, 8), np.float32))
     assert [y.shape for y in got] == [(0, 3, 8), (0, 3, 4), (0, 3, 16)]
+
+
+def _key_transposed(swap: bool) -> tuple[ir.Model, ir.Graph]:
+    """torchlib's key transpose of a ``[b, 4, s, 8]`` tensor: ``Reshape(k, [-1, s, 8])``,
+    ``Transpose([0, 2, 1])``, ``Reshape`` to ``[b, 4, 8, s]`` (or, ``swap=False``, to
+    ``[b, 4, s, 8]``: not a transpose of the last two axes), shapes sliced from Shape(k)."""
+    k = _dynamic("k", ["b", 4, "s", 8])
+
+    def const(name: str, values: list[int]) -> ir.Node:
+        node = ir.node("Constant", [], attributes={"value": ir.tensor(np.array(values,
+                                                                               np.int64))})
+        node.outputs[0].name = name
+        return node
+
+    shape = ir.node("Shape", [k])
+    consts = [const(n, v) for n, v in [("m1", [-1]), ("m2", [-2]), ("big", [2 ** 62]),
+                                      ("small", [-(2 ** 62)])]]
+    m1, m2, big, small = (c.outputs[0] for c in consts)
+    last = ir.node("Slice", [shape.outputs[0], m1, big])
+    second = ir.node("Slice", [shape.outputs[0], m2, m1])
+    lead = ir.node("Slice", [shape.outputs[0], small, m2])
+    squeezed = ir.node("Concat", [m1, second.outputs[0], last.outputs[0]],
+                       attributes={"axis": 0})
+    inner = ir.node("Reshape", [k, squeezed.outputs[0]])
+    transpose = ir.node("Transpose", [inner.outputs[0]], attributes={"perm": [0, 2, 1]})
+    ends = [last, second] if swap else [second, last]
+    target = ir.node("Concat", [lead.outputs[0], *(e.outputs[0] for e in ends)],
+                     attributes={"axis": 0})
+    outer = ir.node("Reshape", [transpose.outputs[0], target.outputs[0]])
+    outer.outputs[0].name = "y"
+    nodes = [shape, *consts, last, second, lead, squeezed, inner, transpose, target, outer]
+    m = model([k], outer.outputs, nodes)
+    return m, m.graph
+
+
+def test_torchlibs_key_transpose_becomes_one_transpose() -> None:
+    """At every size, an empty sequence too (which the -1 could not reshape)."""
+    m, graph = _key_transposed(swap=True)
+    assert transpose_through_reshapes(graph) == 1
+    assert [n.op_type for n in graph] == ["Transpose"]
+    assert graph.outputs[0].name == "y"
+    for shape in [(2, 4, 3, 8), (1, 4, 1, 8), (3, 4, 0, 8)]:
+        k = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+        (got,) = run(m, k=k)
+        np.testing.assert_array_equal(got, k.transpose(0, 1, 3, 2))
+    _, graph = _key_transposed(swap=False)
+    assert transpose_through_reshapes(graph) == 0
+    assert [n.op_type for n in graph].count("Reshape") == 2
