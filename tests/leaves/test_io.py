@@ -268,3 +268,27 @@ def test_an_onnx_ir_without_writer_threads_still_saves_external_data(tmp_path: P
     export(3.0).save(path, external_data_threshold=0)
     assert len(list(tmp_path.iterdir())) == 2
     assert run(path)[0, 0] == pytest.approx(3.0 * 16 + float(Two(3.0).fc.bias[0]), abs=1)
+
+
+def test_a_file_system_that_takes_no_file_names_the_users_path(tmp_path, monkeypatch) -> None:
+    """/proc, /sys, a read-only mount: the temporary cannot be made; the error names the
+    path asked for (not the hidden temporary) and nothing is left behind."""
+    real_open = os.open
+
+    def refuse(path: str | os.PathLike[str], *args: object, **kwargs: object) -> int:
+        if ".om" in os.fspath(path):  # a PermissionError, as /sys gives
+            raise OSError(errno.EACCES, "Permission denied")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(_io.os, "open", refuse)
+    target = tmp_path / "model.onnx"
+    with pytest.raises(om.OnnxModularError) as caught, _io.atomic_path(target):
+        pass
+    assert f"cannot write '{target}': Permission denied" in str(caught.value)
+    assert ".tmp" not in str(caught.value) and list(tmp_path.iterdir()) == []
+
+
+def test_a_parent_that_is_a_file_is_named_as_one(tmp_path) -> None:
+    (tmp_path / "good.onnx").write_bytes(b"x")
+    with pytest.raises(om.OnnxModularError, match="'.*good.onnx' is a file, not a directory"):
+        _io.check_writable(tmp_path / "good.onnx" / "x.onnx")

@@ -71,6 +71,8 @@ def check_writable(path: str | os.PathLike[str]) -> Path:
     try:
         if target.is_dir():
             raise fail(f"cannot write '{target}': it is a directory; give a file name")
+        if directory.exists() and not directory.is_dir():
+            raise fail(f"cannot write '{target}': '{directory}' is a file, not a directory")
         if not directory.is_dir():
             raise fail(f"cannot write '{target}': directory '{directory}' does not exist")
     except OSError as e:  # a name too long for the file system (ENAMETOOLONG), ...
@@ -131,9 +133,12 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     directory = target.parent if str(target.parent) else Path(".")
     clean_stale_temporaries(directory, target.name)
     tmp_path = directory / temp_name(target)
-    try:
+    try:  # a file system that takes no file (/proc, read-only): the user's path is named
         fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # umask applies
-        os.close(fd)
+    except OSError as e:
+        raise _os_error(target, e) from e
+    os.close(fd)
+    try:
         yield tmp_path
         keep_mode(target, tmp_path)
         os.replace(tmp_path, target)
