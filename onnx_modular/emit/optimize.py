@@ -268,7 +268,6 @@ def finish_inlined(model: ir.Model) -> None:
     remove_unused_initializers(model.graph)
 
 
-
 def _constant_key(node: ir.Node) -> tuple[object, ...] | None:
     """What a Constant node holds, comparable: its attribute's name, dtype, shape and bytes
     (None for anything else, or a Constant whose value is a reference to the function's
@@ -284,7 +283,8 @@ def _constant_key(node: ir.Node) -> tuple[object, ...] | None:
         array = value.numpy()
         # an object array's bytes are pointers (strings): compare its items instead
         held = tuple(array.ravel().tolist()) if array.dtype.kind == "O" else array.tobytes()
-        return attribute.name, array.dtype.str, array.shape, held
+        # the ONNX type: numpy spells several 1-byte types alike (float8 variants, int4)
+        return attribute.name, value.dtype, array.shape, held
     if isinstance(value, (int, float, str)) or (
             isinstance(value, Sequence) and all(isinstance(v, (int, float)) for v in value)):
         return attribute.name, repr(value)

@@ -594,7 +594,8 @@ def _transposed_by_reshapes(node: ir.Node) -> tuple[ir.Value, list[ir.Node]] | N
             return None
     if len(dims) < 2:
         return None
-    first, second = _entries(inner.inputs[1]), _entries(node.inputs[1])
+    first = _reshape_target_entries(inner.inputs[1])
+    second = _reshape_target_entries(node.inputs[1])
     if first != [-1, dims[-2], dims[-1]] or second != [*dims[:-2], dims[-1], dims[-2]]:
         return None
     return key, [node, transpose, inner]
@@ -604,7 +605,7 @@ def _is_onnx(node: ir.Node | None, op_type: str) -> bool:
     return node is not None and node.op_type == op_type and node.domain in ("", "ai.onnx")
 
 
-def _entries(shape: ir.Value | None) -> list[int | str] | None:
+def _reshape_target_entries(shape: ir.Value | None) -> list[int | str] | None:
     """A shape's entries (:func:`_shape_entries`), its pieces also ``Slice``s of a
     ``Shape`` by constant bounds (torchlib's ``shape[-2:-1]``)."""
     if shape is None:

@@ -183,6 +183,21 @@ def test_string_constants_are_compared_by_their_text() -> None:
     assert [u.inputs[0].producer() for u in users] == [nodes[0], nodes[0], nodes[2]]
 
 
+def test_constants_of_two_onnx_types_with_one_numpy_type_stay_apart() -> None:
+    """FLOAT8E4M3FN and FLOAT8E4M3FNUZ are both 1-byte void types to numpy: the same bits
+    are 1.0 in one and 0.5 in the other, and stay two Constants."""
+    def const(dtype: ir.DataType) -> ir.Node:
+        tensor = ir.Tensor(np.array([0x38], np.uint8).view(dtype.numpy()), dtype=dtype)
+        return ir.node("Constant", [], attributes={"value": tensor})
+
+    nodes = [const(ir.DataType.FLOAT8E4M3FN), const(ir.DataType.FLOAT8E4M3FNUZ)]
+    casts = [ir.node("Cast", [n.outputs[0]], attributes={"to": 1}) for n in nodes]
+    m = model([], [c.outputs[0] for c in casts], [*nodes, *casts], opsets={"": 21})
+    assert share_equal_constants(m.graph) == 0
+    assert [c.inputs[0].producer() for c in casts] == nodes
+    assert [float(v[0]) for v in run(m)] == [1.0, 0.5]
+
+
 def test_plain_reshapes_only_where_allowzero_cannot_matter() -> None:
     """allowzero=1 -> 0 (which ONNX Runtime needs to fuse contiguous Reshapes) only for a
     constant shape without 0: with a 0 entry, or a shape computed at run time, the two

@@ -137,8 +137,8 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # umask applies
     except OSError as e:
         raise _os_error(target, e) from e
-    os.close(fd)
     try:
+        os.close(fd)
         yield tmp_path
         keep_mode(target, tmp_path)
         os.replace(tmp_path, target)
