@@ -454,8 +454,13 @@ def _piece_entries(piece: ir.Value | None) -> list[int | str] | None:
     source, start, end = span
     if source.shape is None:
         return None
+    return _dim_entries(list(source.shape)[start:end])
+
+
+def _dim_entries(dims: Sequence[object]) -> list[int | str] | None:
+    """Dimensions as shape entries: integers and symbolic names (None for an unnamed one)."""
     entries: list[int | str] = []
-    for dim in list(source.shape)[start:end]:
+    for dim in dims:
         if isinstance(dim, int):
             entries.append(dim)
         elif _named(dim):
@@ -584,15 +589,8 @@ def _transposed_by_reshapes(node: ir.Node) -> tuple[ir.Value, list[ir.Node]] | N
             or inner.inputs[0] is None or inner.inputs[0].shape is None:
         return None
     key = inner.inputs[0]
-    dims: list[int | str] = []
-    for dim in key.shape:
-        if isinstance(dim, int) and dim > 0:
-            dims.append(dim)
-        elif not isinstance(dim, int) and _named(dim):
-            dims.append(str(dim))
-        else:
-            return None
-    if len(dims) < 2:
+    dims = _dim_entries(list(key.shape))
+    if dims is None or len(dims) < 2 or any(isinstance(d, int) and d <= 0 for d in dims):
         return None
     first = _reshape_target_entries(inner.inputs[1])
     second = _reshape_target_entries(node.inputs[1])
@@ -646,16 +644,7 @@ def _sliced_shape_entries(piece: ir.Value | None) -> list[int | str] | None:
         if b is None or b.numpy().reshape(-1).tolist() != [default]:
             return None
     start, end = (int(b.numpy().reshape(-1)[0]) for b in bounds[:2])  # type: ignore[union-attr]
-    dims = list(source.inputs[0].shape)
-    entries: list[int | str] = []
-    for dim in dims[slice(start, end)]:
-        if isinstance(dim, int):
-            entries.append(dim)
-        elif _named(dim):
-            entries.append(str(dim))
-        else:
-            return None
-    return entries
+    return _dim_entries(list(source.inputs[0].shape)[slice(start, end)])
 
 
 def remove_dead_size_nodes(graph: ir.Graph, among: Sequence[ir.Node] | None = None
