@@ -18,7 +18,7 @@ function's value_info when it inlines, and infers shapes through a constant only
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import onnx_ir as ir
@@ -418,9 +418,12 @@ def _expand_own_dims(entries: list[int | str], dims: list[object]) -> list[int] 
     return target if any(isinstance(e, str) for e in entries) else None
 
 
-def _shape_entries(shape: ir.Value) -> list[int | str] | None:
+def _shape_entries(shape: ir.Value, piece_entries: Callable[
+        [ir.Value | None], list[int | str] | None] | None = None) -> list[int | str] | None:
     """A computed shape's entries: integers and symbolic dimension names, from a Concat of
-    constants and ``Shape`` slices (or one slice); None for anything else."""
+    constants and ``Shape`` slices (or one slice), each piece read by ``piece_entries``
+    (:func:`_piece_entries` by default); None for anything else."""
+    piece_entries = piece_entries or _piece_entries
     producer = shape.producer()
     if producer is None or producer.domain not in ("", "ai.onnx"):
         return None
@@ -432,7 +435,7 @@ def _shape_entries(shape: ir.Value) -> list[int | str] | None:
         return None
     entries: list[int | str] = []
     for piece in pieces:
-        found = _piece_entries(piece)
+        found = piece_entries(piece)
         if found is None:
             return None
         entries.extend(found)
@@ -612,18 +615,12 @@ def _reshape_target_entries(shape: ir.Value | None) -> list[int | str] | None:
     if constant is not None:
         array = constant.numpy()
         return [int(v) for v in array.reshape(-1)] if array.ndim == 1 else None
-    producer = shape.producer()
-    if not _is_onnx(producer, "Concat"):
-        return _shape_entries(shape)
-    entries: list[int | str] = []
-    for piece in producer.inputs:
-        found = _piece_entries(piece) if piece is not None else None
-        if found is None:
-            found = _sliced_shape_entries(piece)
-        if found is None:
-            return None
-        entries.extend(found)
-    return entries
+    return _shape_entries(shape, _piece_or_sliced_entries)
+
+
+def _piece_or_sliced_entries(piece: ir.Value | None) -> list[int | str] | None:
+    found = _piece_entries(piece)
+    return _sliced_shape_entries(piece) if found is None else found
 
 
 def _sliced_shape_entries(piece: ir.Value | None) -> list[int | str] | None:
