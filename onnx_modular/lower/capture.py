@@ -76,10 +76,16 @@ def _export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: ExampleKwargs
     constraint torch's guards raise: once more without size specialization (MobileBERT's
     ``seq - 1 != 1``, Wav2Vec2's frame arithmetic), then with the dimensions torch's
     suggested fixes make static (Funnel's sequence); a warning says which. The first error
-    is raised if all fail."""
+    is raised if all fail.
+
+    Captured without autograd, as the file runs and as ``validate`` computes its reference:
+    with gradients on, torch's decomposition of ``scaled_dot_product_attention`` gives other
+    strides than its capture, and T5's ``reshape`` after it became a ``view`` no tensor can
+    take (torch.onnx fails the same way unless called under ``torch.no_grad()``)."""
     def export(shapes: Any) -> torch.export.ExportedProgram:
-        return torch.export.export(model, args, kwargs or {}, dynamic_shapes=shapes,
-                                   strict=False)
+        with torch.no_grad():
+            return torch.export.export(model, args, kwargs or {}, dynamic_shapes=shapes,
+                                       strict=False)
 
     try:
         return export(dynamic_shapes)

@@ -158,7 +158,8 @@ def translate(program: torch.export.ExportedProgram, *, opset: int | None = None
     """``once``: decompose each distinct module call once (:mod:`.repeats`)."""
     ctx = ctx if ctx is not None else DiagnosticContext()
     try:
-        with quiet_torch_onnx(), export_window():
+        # no autograd, as capture.py: decomposing with it on changes strides (T5 with SDPA)
+        with quiet_torch_onnx(), export_window(), torch.no_grad():
             onnx_program = _translate_once(program, opset) if once else None
             if onnx_program is None:
                 onnx_program = torch_onnx_export(program, opset)

@@ -205,3 +205,25 @@ def test_under_the_hook_a_dimension_a_guard_fixes_is_static_too() -> None:
                                    providers=["CPUExecutionProvider"])
     with pytest.raises(Exception, match="invalid dimensions"):
         session.run(None, {"x": torch.randn(1, 3, 40, 32).numpy()})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_t5_with_torchs_attention_exports_with_gradients_on(dynamic: bool) -> None:
+    """transformers' default attention (SDPA) in T5, exported outside ``torch.no_grad()``:
+    torch's decomposition with autograd on gave its output other strides than the capture,
+    and the ``reshape`` after it a ``view`` no tensor could take (OM0202, as torch.onnx
+    fails); captured and translated without autograd it exports and matches torch."""
+    import models
+
+    import onnx_modular as om
+
+    model, args = models.t5_encoder(layers=1)
+    model.model.config._attn_implementation = "sdpa"
+    assert torch.is_grad_enabled()
+    shapes = ({0: torch.export.Dim("batch", max=8), 1: torch.export.Dim("seq", min=2,
+                                                                         max=16)},)
+    result = om.export(model, args, dynamic_shapes=shapes if dynamic else None)
+    assert torch.is_grad_enabled()  # the caller's mode is given back
+    other = (torch.randint(0, 99, (3, 5)),) if dynamic else args
+    assert om.validate(model, other, result.model_proto, providers="cpu").ok
