@@ -8,9 +8,12 @@ that differ) and the session creation time ratio (median of --runs).
 Targets (issue 32): equal nodes at static shapes, at most 2 shape nodes more per layer call
 under dynamic shapes; session creation <= 1.2x on the 24-layer GPT-2.
 ``--layer-only`` exports with ``functions=[<the layer class>]`` (one nesting level).
+``--models`` takes any name of the test architecture registry that has a layer class
+(``tests/models.py``: bloom, deberta_v2, t5_encoder, ...); ``--attention sdpa`` runs
+transformers' default attention instead of the eager one the tests build.
 Usage: python scripts/bench_ort_parity.py [--models gpt2 llama] [--layers 4] [--runs 7]
        python scripts/bench_ort_parity.py --models gpt2 --layers 24 --static-only
-       python scripts/bench_ort_parity.py --layer-only
+       python scripts/bench_ort_parity.py --layer-only [--attention sdpa]
 """
 
 from __future__ import annotations
@@ -53,9 +56,14 @@ def _dynamic_shapes(inputs: tuple[torch.Tensor, ...]) -> tuple[dict, ...]:
     return ({0: batch, 1: torch.export.Dim("seq", min=2, max=32)},)
 
 
-#: The decoder/encoder layer class of each model, for ``--layer-only``.
-LAYERS = {"gpt2": "GPT2Block", "llama": "LlamaDecoderLayer", "bert": "BertLayer",
-          "vit": "ViTLayer"}
+def _build(name: str, layers: int, attention: str) -> tuple[torch.nn.Module, tuple]:
+    """A registry architecture, its attention switched to ``attention`` on every config."""
+    model, inputs = models.ARCHITECTURES[name](layers=layers)
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "_attn_implementation"):
+            config._attn_implementation = attention
+    return model, inputs
 
 
 def main() -> None:
@@ -66,6 +74,7 @@ def main() -> None:
     parser.add_argument("--static-only", action="store_true")
     parser.add_argument("--layer-only", action="store_true",
                         help="functions=[the layer class] instead of every module")
+    parser.add_argument("--attention", choices=["eager", "sdpa"], default="eager")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
@@ -74,11 +83,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
             for dynamic in ([False] if args.static_only else [False, True]):
-                model, inputs = getattr(models, name)(args.layers)
+                model, inputs = _build(name, args.layers, args.attention)
                 shapes = _dynamic_shapes(inputs) if dynamic else None
                 hier = Path(tmp, f"{name}_{dynamic}_hier.onnx")
                 flat = Path(tmp, f"{name}_{dynamic}_flat.onnx")
-                functions = [LAYERS[name]] if args.layer_only else "all"
+                layer = models.ARCHITECTURES[name].layer
+                functions = [layer] if args.layer_only and layer else "all"
                 om.export(model, inputs, dynamic_shapes=shapes, functions=functions).save(hier)
                 with quiet_torch_onnx(), torch.no_grad():
                     torch.onnx.export(model, inputs, dynamic_shapes=shapes,
