@@ -227,3 +227,6 @@ def test_t5_with_torchs_attention_exports_with_gradients_on(dynamic: bool) -> No
     assert torch.is_grad_enabled()  # the caller's mode is given back
     other = (torch.randint(0, 99, (3, 5)),) if dynamic else args
     assert om.validate(model, other, result.model_proto, providers="cpu").ok
+    if not dynamic:  # a program the user captured with gradients on translates too
+        given = om.export(torch.export.export(model, args), args)
+        assert om.validate(model, args, given.model_proto, providers="cpu").ok
