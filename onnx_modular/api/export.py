@@ -27,7 +27,7 @@ from onnx_modular.emit.dim_names import name_dims
 from onnx_modular.emit.outline import OutlineReport
 from onnx_modular.emit.pipeline import EmitOptions
 from onnx_modular.leaves._checkpoint import Checkpoint
-from onnx_modular.leaves._compat import declared_nonzero, dim_names
+from onnx_modular.leaves._compat import declared_nonzero, dim_names, names_of_axes
 from onnx_modular.leaves._io import TWO_GB, save_model
 from onnx_modular.leaves._util import gc_paused
 from onnx_modular.leaves.metadata import DIFFERS_FROM
@@ -117,5 +117,6 @@ def export(model: Model, args: ExampleArgs = (), kwargs: ExampleKwargs | None = 
             options, nonzero_sizes=declared_nonzero(dynamic_shapes, lowered.program))
         report = emit_whole(lowered, options, ctx)
         name_dims(lowered.model, dim_names(lowered.program))  # as torch.onnx names them
+        name_dims(lowered.model, names_of_axes(lowered.model.graph.inputs, dynamic_shapes))
     return ExportResult(lowered.model, ctx.diagnostics, lowered.program,
                         None if options.flat else lowered.graph_module, report.outline)

@@ -15,7 +15,7 @@ import os
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import onnx_ir as ir
@@ -172,6 +172,32 @@ def fixed_size(dim: Any, range_constraints: Any) -> int | None:
         return int(expr.subs(values))
     except (TypeError, ValueError):
         return None
+
+
+def dims_from_names(dynamic_shapes: Any) -> Any:
+    """``dynamic_shapes`` with each dimension given as a string (``{0: "batch"}``, which
+    torch.onnx takes and torch.export refuses) made ``Dim.DYNAMIC``, as torch.onnx makes
+    it; the names go on the file's dimensions afterwards (:func:`names_of_axes`)."""
+    from torch.onnx._internal.exporter import _dynamic_shapes
+
+    converted, _ = _dynamic_shapes.convert_str_to_export_dim(dynamic_shapes)
+    return converted
+
+
+def names_of_axes(inputs: Sequence[Any], dynamic_shapes: Any) -> dict[str, str]:
+    """Symbol -> the name the user gave its input axis in ``dynamic_shapes`` (a string or a
+    ``Dim``), read from the ONNX graph's inputs in order, as torch.onnx renames them; empty
+    where the inputs and the shapes do not pair up."""
+    from torch.onnx._internal.exporter import _dynamic_shapes
+
+    if dynamic_shapes is None:
+        return {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.onnx warns where the counts differ
+        try:
+            return _dynamic_shapes.create_rename_mapping(list(inputs), dynamic_shapes)
+        except Exception:
+            return {}
 
 
 def declared_nonzero(dynamic_shapes: Any, program: torch.export.ExportedProgram

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +24,7 @@ from onnx_modular.leaves._checkpoint import (
 )
 from onnx_modular.leaves._compat import (
     ExportUserError,
+    dims_from_names,
     is_constraint_violation,
     quiet_libraries,
     size_oblivious,
@@ -82,40 +84,98 @@ def _export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: ExampleKwargs
     with gradients on, torch's decomposition of ``scaled_dot_product_attention`` gives other
     strides than its capture, and T5's ``reshape`` after it became a ``view`` no tensor can
     take (torch.onnx fails the same way unless called under ``torch.no_grad()``)."""
-    def export(shapes: Any) -> torch.export.ExportedProgram:
+    def export(shapes: Any, defer: bool = False) -> torch.export.ExportedProgram:
         with torch.no_grad():
             return torch.export.export(model, args, kwargs or {}, dynamic_shapes=shapes,
-                                       strict=False)
+                                       strict=False,
+                                       prefer_deferred_runtime_asserts_over_guards=defer)
 
+    dynamic_shapes = dims_from_names(dynamic_shapes)  # {0: "batch"}, as torch.onnx takes it
     try:
         return export(dynamic_shapes)
-    except ExportUserError as first:
-        if dynamic_shapes is None or not is_constraint_violation(first):
+    except Exception as first:
+        # torch can fail while wording a constraint violation (LongT5's local attention:
+        # an AssertionError about a derived Dim), so any failure with dynamic shapes retries
+        if dynamic_shapes is None or (isinstance(first, ExportUserError)
+                                      and not is_constraint_violation(first)):
             raise
-        program = _without_specialization(export, dynamic_shapes, first, ctx) \
-            or _as_suggested(export, dynamic_shapes, first, ctx)
+        program, second = _without_specialization(export, dynamic_shapes, first, ctx)
+        for error in (first, second) if program is None else ():
+            if isinstance(error, ExportUserError) and is_constraint_violation(error):
+                program = _as_suggested(export, dynamic_shapes, error, ctx)
+                if program is not None:
+                    break
+        if program is None and second is not None:
+            program = _deferring_guards(export, dynamic_shapes, second, ctx)
         if program is None:
             raise
         return program
 
 
-def _without_specialization(export: Callable[[Any], torch.export.ExportedProgram],
-                            shapes: Any, first: BaseException, ctx: DiagnosticContext
-                            ) -> torch.export.ExportedProgram | None:
+def _deferring_guards(export: Callable[..., torch.export.ExportedProgram], shapes: Any,
+                      violation: BaseException, ctx: DiagnosticContext
+                      ) -> torch.export.ExportedProgram | None:
+    """The export with the guards torch could not prove made runtime assertions, as
+    torch.onnx captures (LongT5's local attention: ``seq % 5 != 0``, where padding to its
+    blocks adds nothing); ONNX holds no assertion, so a warning lists what the file
+    assumes. None where it still fails."""
     try:
         with size_oblivious():
-            program = export(shapes)
+            program = export(shapes, defer=True)
     except Exception:
         return None
-    head, reason, _ = _constraint_parts(first)
+    assumed = sorted(_unproven_guards(violation), key=len)  # the plainest first
+    listed = "; ".join(assumed[:3]) + (f" and {len(assumed) - 3} more" if len(assumed) > 3
+                                       else "")
     ctx.warn(rules.UNSUPPORTED_INPUT, Location(module_path=""), reason=(
-        f"dynamic_shapes: captured without size specialization, as torch.onnx captures "
-        f"({reason or head}): the file assumes those sizes are never 0 or 1 where the model "
-        "branches on them; validate at such sizes if you use them"))
+        "dynamic_shapes: torch.export could not prove its guards for every size marked "
+        "dynamic, so they were captured as runtime assertions, as torch.onnx captures; "
+        f"the file checks none of them and assumes {listed or 'them'}: validate at sizes "
+        "that break them if you use such sizes"))
     return program
 
 
-def _as_suggested(export: Callable[[Any], torch.export.ExportedProgram], shapes: Any,
+_UNPROVEN = re.compile(r"Not all values of (\w+) = (\S+) in .* satisfy the generated guard "
+                       r"(.*?)\.?$")
+
+
+def _unproven_guards(violation: BaseException) -> list[str]:
+    """The guards of a constraint violation torch could not prove, written with the
+    ``Dim`` names (``(seq % 5) != 0``, not ``(L['input_ids'].size()[1] % 5) != 0``)."""
+    found = [m.groups() for line in str(violation).splitlines()
+             if (m := _UNPROVEN.search(line.strip()))]
+    sources = {source: name for name, source, _ in found}
+    guards: list[str] = []
+    for _, _, guard in found:
+        for source, name in sources.items():
+            guard = guard.replace(source, name)
+        if guard not in guards:
+            guards.append(guard)
+    return guards
+
+
+def _without_specialization(export: Callable[..., torch.export.ExportedProgram],
+                            shapes: Any, first: BaseException, ctx: DiagnosticContext
+                            ) -> tuple[torch.export.ExportedProgram | None,
+                                       BaseException | None]:
+    """The program captured without size specialization, or None and the error (whose
+    suggested fixes may differ from the first's: LongT5's first error has none)."""
+    try:
+        with size_oblivious():
+            program = export(shapes)
+    except Exception as e:
+        return None, e
+    head, reason, _ = _constraint_parts(first)
+    why = reason or (head if isinstance(first, ExportUserError) else
+                     f"torch.export failed with it: {type(first).__name__}: {head}")
+    ctx.warn(rules.UNSUPPORTED_INPUT, Location(module_path=""), reason=(
+        f"dynamic_shapes: captured without size specialization, as torch.onnx captures "
+        f"({why}): the file assumes those sizes are never 0 or 1 where the model "
+        "branches on them; validate at such sizes if you use them"))
+    return program, None
+
+
+def _as_suggested(export: Callable[..., torch.export.ExportedProgram], shapes: Any,
                   first: BaseException, ctx: DiagnosticContext
                   ) -> torch.export.ExportedProgram | None:
     """The export with torch's suggested fixes applied (``seq = 8``), with and without

@@ -102,3 +102,63 @@ def test_a_module_on_the_meta_device_needs_its_checkpoint() -> None:
     with pytest.raises(OnnxModularError, match=r"'fc1.weight' of TwoLinear is on the meta "
                                                r"device .*weights="):
         capture(model, (torch.randn(3, 4),))
+
+
+class _Masked(nn.Module):
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x) * mask.unsqueeze(-1)
+
+
+def test_dimensions_named_by_strings_are_dynamic_and_name_the_files_axes() -> None:
+    """``{0: "batch"}`` as torch.onnx takes it (torch.export refuses a string): the axes
+    are dynamic and the file calls them by those names."""
+    import numpy as np
+    import onnxruntime as ort
+
+    import onnx_modular as om
+
+    x, mask = torch.randn(2, 6, 4), torch.ones(2, 6)
+    shapes = {"x": {0: "batch", 1: "seq"}, "mask": {0: "batch", 1: "seq"}}
+    proto = om.export(_Masked(), (x, mask), dynamic_shapes=shapes).model_proto
+    dims = [[d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim]
+            for i in proto.graph.input]
+    assert dims == [["batch", "seq", 4], ["batch", "seq"]]
+    other = torch.randn(3, 5, 4), (torch.rand(3, 5) > 0.5).float()
+    session = ort.InferenceSession(proto.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    got = session.run(None, {"x": other[0].numpy(), "mask": other[1].numpy()})[0]
+    np.testing.assert_allclose(got, _Masked()(*other).numpy(), atol=1e-6)
+
+
+@pytest.mark.slow
+def test_guards_torch_cannot_prove_become_assumptions_the_warning_lists() -> None:
+    """LongT5's local attention pads the sequence to blocks of 5: torch.export fails (first
+    with an AssertionError while wording its error, then with guards such as
+    ``seq % 5 != 0`` and no suggested fix). As torch.onnx does, the guards are deferred; the
+    file then matches torch at sizes that break them, and a warning lists them by name."""
+    import transformers
+
+    import onnx_modular as om
+
+    torch.manual_seed(0)
+    config = transformers.LongT5Config(
+        vocab_size=99, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4,
+        use_cache=False, decoder_start_token_id=0, encoder_attention_type="local",
+        local_radius=4)
+    model = transformers.LongT5Model(config).eval()
+
+    def inputs(batch: int, seq: int, dseq: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": torch.randint(1, 99, (batch, seq)),
+                "attention_mask": torch.ones(batch, seq, dtype=torch.long),
+                "decoder_input_ids": torch.randint(1, 99, (batch, dseq))}
+
+    dim = torch.export.Dim
+    batch, seq = dim("batch", min=1, max=16), dim("seq", min=2, max=32)
+    shapes = {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq},
+              "decoder_input_ids": {0: batch, 1: dim("dseq", min=2, max=32)}}
+    result = om.export(model, (), kwargs=inputs(2, 8, 8), dynamic_shapes=shapes)
+    (warning,) = [d for d in result.diagnostics if "runtime assertions" in d.message]
+    assert "(seq % 5) != 0" in warning.message and "batch != 1" in warning.message
+    for size in [(1, 10, 3), (3, 5, 4)]:  # a batch of 1, sequences in whole blocks
+        assert om.validate(model, (), result.model_proto, kwargs=inputs(*size),
+                           providers="cpu").ok
