@@ -185,19 +185,26 @@ def dims_from_names(dynamic_shapes: Any) -> Any:
 
 
 def names_of_axes(inputs: Sequence[Any], dynamic_shapes: Any) -> dict[str, str]:
-    """Symbol -> the name the user gave its input axis in ``dynamic_shapes`` (a string or a
-    ``Dim``), read from the ONNX graph's inputs in order, as torch.onnx renames them; empty
-    where the inputs and the shapes do not pair up."""
+    """Symbol -> the string the user named its input axis with in ``dynamic_shapes``, read
+    from the ONNX graph's inputs in order, as torch.onnx renames them (``Dim``\\ s are named
+    by :func:`dim_names`); a name given to two symbols names the first only, so the file
+    never says two sizes are one. Empty where the inputs and the shapes do not pair up."""
     from torch.onnx._internal.exporter import _dynamic_shapes
 
-    if dynamic_shapes is None:
+    strings = {leaf for leaf in _pytree.tree_leaves(dynamic_shapes) if isinstance(leaf, str)}
+    if not strings:
         return {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.onnx warns where the counts differ
         try:
-            return _dynamic_shapes.create_rename_mapping(list(inputs), dynamic_shapes)
+            mapping = _dynamic_shapes.create_rename_mapping(list(inputs), dynamic_shapes)
         except Exception:
             return {}
+    named: dict[str, str] = {}
+    for symbol, name in mapping.items():
+        if name in strings and name not in named.values():
+            named[symbol] = name
+    return named
 
 
 def declared_nonzero(dynamic_shapes: Any, program: torch.export.ExportedProgram

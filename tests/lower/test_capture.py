@@ -162,3 +162,17 @@ def test_guards_torch_cannot_prove_become_assumptions_the_warning_lists() -> Non
     for size in [(1, 10, 3), (3, 5, 4)]:  # a batch of 1, sequences in whole blocks
         assert om.validate(model, (), result.model_proto, kwargs=inputs(*size),
                            providers="cpu").ok
+
+
+def test_one_string_on_two_different_sizes_names_one_of_them() -> None:
+    """torch.onnx would call both ``seq``, which tells a runtime they are one size."""
+    import onnx_modular as om
+
+    class _Sums(nn.Module):
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return x.sum(1) + y.sum(1)
+
+    proto = om.export(_Sums(), (torch.randn(2, 6), torch.randn(2, 4)),
+                      dynamic_shapes={"x": {1: "seq"}, "y": {1: "seq"}}).model_proto
+    x, y = ([d.dim_param for d in i.type.tensor_type.shape.dim] for i in proto.graph.input)
+    assert x[1] == "seq" and y[1] not in ("seq", "")
