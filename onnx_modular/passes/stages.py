@@ -202,7 +202,20 @@ def decomposed_assignment(assignment: StageAssignment,
         if stage is None:  # created by a pass with no provenance: stays with its producer
             stage = max((result.get(a.name, 0) for a in node.all_input_nodes), default=last)
         result[node.name] = last = stage
-    return StageAssignment(result, assignment.count, assignment.how)
+    return StageAssignment(_no_earlier_user(decomposed.graph, result), assignment.count,
+                           assignment.how)
+
+
+def _no_earlier_user(graph: torch.fx.Graph, stage_of: dict[str, int]) -> dict[str, int]:
+    """Each node moved to the earliest stage that reads it, where that is before its own:
+    decomposition shares one node among calls of several stages (XLM-RoBERTa's
+    ``scalar_tensor`` of a mask, provenance in layer 3, read from layer 0), which a stage
+    cannot take from a later one. Walked backwards, so what such a node reads moves too."""
+    for node in reversed(_compute_nodes(graph)):
+        readers = [stage_of[u.name] for u in node.users if u.name in stage_of]
+        if readers and min(readers) < stage_of[node.name]:
+            stage_of[node.name] = min(readers)
+    return stage_of
 
 
 def _stage_of_source(source: object, stage_of: dict[str, int]) -> int | None:

@@ -89,3 +89,32 @@ def test_callback_cycle_is_a_clear_error() -> None:
         stages.from_callback(ep, lambda n: ids[n.name])
     with pytest.raises(om.OnnxModularError, match="callback failed on node"):
         stages.from_callback(ep, lambda n: 1 // 0)
+
+
+@pytest.mark.slow
+def test_a_node_decomposition_shares_across_stages_goes_to_its_first_reader(
+        tmp_path) -> None:
+    """XLM-RoBERTa (4 layers, dynamic batch and sequence): decomposition makes one
+    ``scalar_tensor`` for the masks of every layer, its provenance in layer 3; the stage of
+    layer 0 could not take it from a later stage (``KeyError: scalar_tensor_default``,
+    found by a tester). It now sits in the first stage that reads it, and the chained
+    stages match torch at another size."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.XLMRobertaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=4, max_position_embeddings=64)
+    model = transformers.XLMRobertaModel(config).eval()
+    ids = torch.randint(2, 128, (2, 8))
+    dim = torch.export.Dim
+    program = torch.export.export(model, (ids,), dynamic_shapes=(
+        {0: dim("batch", min=1, max=8), 1: dim("seq", min=2, max=32)},))
+    result = om.split_stages(program, (ids,), split_points={"encoder.layer.2": "beginning"})
+    assert len(result.regions) == 2
+    result.save(tmp_path)
+    other = torch.randint(2, 128, (3, 5))
+    got = om.SplitRunner(tmp_path).run(other)[0]
+    with torch.no_grad():
+        expected = model(other)[0]
+    torch.testing.assert_close(torch.as_tensor(got), expected, atol=1e-5, rtol=1e-4)
