@@ -188,12 +188,33 @@ def check_parts_directory(directory: str | os.PathLike[str]) -> Path:
             raise fail(f"cannot write parts to '{out}': it holds files and no {MANIFEST} "
                        f"({shown}); it is not a parts directory, and saving would replace "
                        "them: give an empty or new folder")
+    elif out.is_dir():
+        foreign = _not_of_the_earlier_set(out)
+        if foreign:
+            shown = ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")
+            raise fail(f"cannot write parts to '{out}': it holds files its earlier set did "
+                       f"not write ({shown}), and a save replaces the folder as a whole: "
+                       "move them, or give another folder")
     parent = out.parent
     if not parent.is_dir():
         raise fail(f"cannot write parts to '{out}': directory '{parent}' does not exist")
     if not os.access(parent, os.W_OK):
         raise fail(f"cannot write parts to '{out}': directory '{parent}' is not writable")
     return out
+
+
+def _not_of_the_earlier_set(folder: Path) -> list[str]:
+    """Names in a parts folder that are neither its manifest nor a file of the set it
+    lists (a part, or a part's external weights ``<part>.onnx.<id>.data``): yours, which a
+    save would delete. None counted where the manifest cannot be read (nothing to go by)."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+        files = [r["file"] for r in manifest["regions"] if isinstance(r.get("file"), str)]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
+    return sorted(e.name for e in folder.iterdir()
+                  if e.name != MANIFEST and not any(e.name == f or e.name.startswith(f + ".")
+                                                    for f in files))
 
 
 def load_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:

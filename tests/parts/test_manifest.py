@@ -58,6 +58,22 @@ def test_a_second_save_replaces_the_whole_set(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_a_second_save_keeps_files_the_first_did_not_write(tmp_path: Path) -> None:
+    """A save replaces the folder as a whole: a file of yours beside the parts (found by a
+    tester: gone after the second save) makes it refuse, naming the file, and leaves the
+    folder as it was."""
+    out = tmp_path / "parts"
+    _, first = parts(1.0)
+    first.save(out)
+    (out / "my_notes.txt").write_text("mine")
+    before = snapshot(out)
+    _, second = parts(3.0)
+    with pytest.raises(om.OnnxModularError, match=r"my_notes\.txt.*move them"):
+        second.save(out)
+    assert snapshot(out) == before
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("failing_part", [0, 1, 2])
 def test_an_interrupted_save_leaves_the_old_set(tmp_path: Path, monkeypatch,
                                                failing_part: int) -> None:
