@@ -77,6 +77,12 @@ class CompareReport(Report):
         return not self.reasons and all(o.diff.ok for o in self.outputs)
 
     @property
+    def ok(self) -> bool:
+        """:attr:`equivalent`, under the name ``validate``'s and ``compare_io``'s reports
+        give their verdict (a user's first ``report.ok`` was an AttributeError)."""
+        return self.equivalent
+
+    @property
     def same_structure(self) -> bool:
         return self.a.topology == self.b.topology
 
