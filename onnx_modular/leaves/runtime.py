@@ -266,7 +266,8 @@ def load_model(onnx_model: OnnxModelSource, what: str = "ONNX model") -> LoadedM
         path = Path(onnx_model)
         try:
             if path.is_dir():
-                raise fail(f"cannot read {what} '{path}': it is a directory, not an ONNX file")
+                raise fail(f"cannot read {what} '{path}': it is a directory, not an ONNX file "
+                           "(a parts directory holds a manifest.json, written by .save(dir))")
             if not path.is_file():
                 raise fail(f"cannot read {what} '{path}': no such file")
         except OSError as exc:  # a name too long for the file system, ...
