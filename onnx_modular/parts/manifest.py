@@ -180,21 +180,19 @@ def check_parts_directory(directory: str | os.PathLike[str]) -> Path:
     out = Path(directory)
     if out.exists() and not out.is_dir():
         raise fail(f"cannot write parts to '{out}': it is a file, not a directory")
-    if out.is_dir() and not (out / MANIFEST).is_file():
+    if out.is_dir():
         # the set replaces the folder as a whole: only an earlier set, or nothing, may go
-        others = sorted(e.name for e in out.iterdir())
-        if others:
-            shown = ", ".join(others[:4]) + (", ..." if len(others) > 4 else "")
-            raise fail(f"cannot write parts to '{out}': it holds files and no {MANIFEST} "
-                       f"({shown}); it is not a parts directory, and saving would replace "
-                       "them: give an empty or new folder")
-    elif out.is_dir():
-        foreign = _not_of_the_earlier_set(out)
-        if foreign:
-            shown = ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")
+        ours = (out / MANIFEST).is_file()
+        foreign = _not_of_the_earlier_set(out) if ours else sorted(e.name for e in out.iterdir())
+        shown = ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")
+        if foreign and ours:
             raise fail(f"cannot write parts to '{out}': it holds files its earlier set did "
                        f"not write ({shown}), and a save replaces the folder as a whole: "
                        "move them, or give another folder")
+        if foreign:
+            raise fail(f"cannot write parts to '{out}': it holds files and no {MANIFEST} "
+                       f"({shown}); it is not a parts directory, and saving would replace "
+                       "them: give an empty or new folder")
     parent = out.parent
     if not parent.is_dir():
         raise fail(f"cannot write parts to '{out}': directory '{parent}' does not exist")
