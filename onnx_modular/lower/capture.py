@@ -97,19 +97,23 @@ def _export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: ExampleKwargs
         # torch can fail while wording a constraint violation (LongT5's local attention:
         # an AssertionError about a derived Dim), so any failure with dynamic shapes retries
         if dynamic_shapes is None or (isinstance(first, ExportUserError)
-                                      and not is_constraint_violation(first)):
+                                      and not _violation(first)):
             raise
         program, second = _without_specialization(export, dynamic_shapes, first, ctx)
-        for error in (first, second) if program is None else ():
-            if isinstance(error, ExportUserError) and is_constraint_violation(error):
-                program = _as_suggested(export, dynamic_shapes, error, ctx)
-                if program is not None:
-                    break
+        for error in [e for e in (first, second) if _violation(e)] if program is None else []:
+            program = _as_suggested(export, dynamic_shapes, error, ctx)
+            if program is not None:
+                break
         if program is None and second is not None:
             program = _deferring_guards(export, dynamic_shapes, second, ctx)
         if program is None:
             raise
         return program
+
+
+def _violation(error: BaseException | None) -> bool:
+    """A constraint violation of torch.export's (guards that fail for sizes marked dynamic)."""
+    return isinstance(error, ExportUserError) and is_constraint_violation(error)
 
 
 def _deferring_guards(export: Callable[..., torch.export.ExportedProgram], shapes: Any,
