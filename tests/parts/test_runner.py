@@ -136,6 +136,28 @@ def test_without_a_spec_outputs_are_flat(saved, tmp_path) -> None:
     assert isinstance(got, tuple) and len(got) == 2
 
 
+@pytest.mark.parametrize("in_spec", [None, "not a tree spec"])
+def test_keywords_are_ordered_by_name_where_the_manifest_has_no_usable_spec(
+        saved, tmp_path, in_spec) -> None:
+    directory, manifest = _copy(saved, tmp_path)
+    manifest["in_spec"] = in_spec
+    _rewrite(directory, manifest)
+    x, bias, scale = saved[1]
+    got = SplitRunner(directory, acc_providers="cpu").run(x, scale=scale, bias=bias)
+    torch.testing.assert_close(got[0], saved[2][0], rtol=0, atol=1e-5)
+
+
+def test_keywords_that_neither_spec_nor_names_order_are_refused(saved, tmp_path) -> None:
+    directory, manifest = _copy(saved, tmp_path)
+    manifest["in_spec"] = "not a tree spec"
+    manifest["inputs"][1]["name"], manifest["inputs"][2]["name"] = "b0", "s0"
+    _rewrite(directory, manifest)
+    x, bias, scale = saved[1]
+    with pytest.raises(om.OnnxModularError, match="keyword inputs cannot be ordered: pass "
+                       "scale, bias positionally"):
+        SplitRunner(directory, acc_providers="cpu").run(x, scale=scale, bias=bias)
+
+
 # ---- ordered_kwargs ---------------------------------------------------------------------------
 
 def _spec(kwargs: dict) -> object:
