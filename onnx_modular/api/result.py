@@ -26,6 +26,7 @@ import torch
 from onnx_modular.api import render
 from onnx_modular.api.spine import Lowered
 from onnx_modular.diagnostics import Diagnostic, DiagnosticContext
+from onnx_modular.emit.dim_names import name_dims
 from onnx_modular.emit.regions import (
     AccLimits,
     RegionEmission,
@@ -200,5 +201,8 @@ def emitted_result(cut: SplitPassResult, flat_module: torch.fx.GraphModule, lowe
     assert plan is not None  # the planner put it there
     meta = {n.name: n.meta.get("val") for n in flat_module.graph.nodes}
     parts = emit_regions(lowered, plan.regions, meta.get, emission, ctx)
+    names = dim_names(lowered.program)  # the Dims' names on every part's axes, as om.export
+    for model in [lowered.model, *(part.model for part in parts)]:  # puts them on its file
+        name_dims(model, names)
     return SplitResult(plan, graph_module, flat_module, lowered, ctx, tuple(parts), emission,
                        **fields)

@@ -110,20 +110,25 @@ def batch_symbol(model_graph: ir.Graph, batch_dim: str,
                  dim_names: Mapping[str, str] | None = None) -> str | None:
     """The model's symbolic dimension ``batch_dim`` names: itself where the model has a
     dimension of that name, else the one made for ``Dim(batch_dim)`` (torch.export renames
-    ``Dim("batch")`` to ``s<N>``; ``dim_names`` maps them back), else, where the program
-    kept no names, the first input's first dimension (naming the batch states it is axis
-    0). None where nothing fits; :class:`ValueError` where the program's names are known
-    and none is ``batch_dim`` (a guess could batch along the sequence)."""
+    ``Dim("batch")`` to ``s<N>``; ``dim_names`` maps them back; a symbol names the Dim the
+    files call it by), else, where the program kept no names, the first input's first
+    dimension (naming the batch states it is axis 0). None where nothing fits;
+    :class:`ValueError` where the program's names are known and none is ``batch_dim`` (a
+    guess could batch along the sequence)."""
     names = {d for v in [*model_graph.inputs, *model_graph.outputs]
              for d in (shape_of(v) or []) if isinstance(d, str)}
     if batch_dim in names:
         return batch_dim
-    known = {name: symbol for symbol, name in (dim_names or {}).items() if symbol in names}
+    dim_names = dim_names or {}
+    if dim_names.get(batch_dim) in names:  # a symbol whose Dim's name the files carry
+        return dim_names[batch_dim]
+    known = {name: symbol if symbol in names else name for symbol, name in dim_names.items()
+             if symbol in names or name in names}
     if batch_dim in known:
         return known[batch_dim]
     if known:
         unnamed = sorted(names - set(known.values()))
-        listed = [f"{n} ({s})" for n, s in sorted(known.items())] + \
+        listed = [n if n == s else f"{n} ({s})" for n, s in sorted(known.items())] + \
             [f"{s} (unnamed)" for s in unnamed]
         raise ValueError(f"the model's dynamic dimensions are {', '.join(listed)}; none is "
                          f"named {batch_dim!r} (give a Dim's name or a dimension's symbol)")

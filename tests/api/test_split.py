@@ -401,3 +401,30 @@ def test_the_single_file_keeps_each_parts_own_constants(how: str, tmp_path) -> N
     for sample in (x, torch.randn(3, 7, 8)):
         (got,) = session.run(None, {"x": sample.numpy()})
         assert abs(got - model(sample).detach().numpy()).max() < 1e-5
+
+
+@pytest.mark.parametrize("how", ["stages", "regions"])
+def test_the_parts_axes_carry_the_dims_names_as_om_export_writes_them(how: str,
+                                                                      tmp_path) -> None:
+    """Parts said ``s77``/``s27`` where om.export's file says ``B``/``T``: the same model's
+    files disagreed, and a batch_dim given as the symbol still finds its axis."""
+    model, x = FlattenedTokens().eval(), torch.randn(2, 5, 8)
+    dims = ({0: torch.export.Dim("B", max=8), 1: torch.export.Dim("T", max=32)},)
+    program = torch.export.export(model, (x,), dynamic_shapes=dims)
+    symbol = str(program.graph_module.graph.find_nodes(op="placeholder")[-1]
+                 .meta["val"].shape[0])
+    result = (om.split_stages(program, split_points={"b": "beginning"}) if how == "stages"
+              else om.split(program, support={"deny": ["aten.linear"]}))
+    assert len(result.region_graphs()) >= 2
+    manifest = json.loads((result.save(tmp_path / "parts") / "manifest.json").read_text())
+    assert manifest["inputs"][0]["shape"] == ["B", "T", 8]
+    crossing = {str(d) for part in result.region_graphs()
+                for v in [*part.model.graph.inputs, *part.model.graph.outputs]
+                for d in v.shape if not isinstance(d, int)}
+    assert crossing <= {"B", "T", "B*T", "T*B"} and "B" in crossing, crossing
+    runner = om.SplitRunner(tmp_path / "parts", acc_providers="cpu")
+    sample = torch.randn(3, 7, 8)
+    torch.testing.assert_close(runner.run(sample), model(sample).detach(), rtol=0, atol=1e-5)
+    with pytest.raises(om.OnnxModularError, match=f"batch_dim='{symbol}': .* without the "
+                       "batch dimension 'B' first"):  # the symbol found its Dim's axis
+        result.save_triton(tmp_path / "repo", batch_dim=symbol)
