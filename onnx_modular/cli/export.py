@@ -19,6 +19,7 @@ from onnx_modular.api.export import ExportResult, export
 from onnx_modular.check.inspect import summary
 from onnx_modular.check.validate import validate
 from onnx_modular.cli import common, paths
+from onnx_modular.cli.dynamic import add_dynamic, dynamic_shapes
 from onnx_modular.diagnostics import DiagnosticContext, OnnxModularError
 from onnx_modular.leaves._io import write_sarif
 from onnx_modular.leaves.errors import fail, rules
@@ -31,6 +32,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                               help="export hierarchical (or flat) ONNX")
     common.add_model_inputs(p)
     common.add_output(p, "the .onnx file to write")
+    add_dynamic(p)
     p.add_argument("--flat", action="store_true", help="no functions (same as --functions none)")
     p.add_argument("--functions", default="all",
                    help="all | none | comma-separated classes, class names or module paths")
@@ -64,11 +66,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         check_opset(args.opset, flat=_functions(args) == "none")
         model, inputs, kwargs = common.load_model_and_inputs(args)
+        dynamic = dynamic_shapes(args.dynamic, model, inputs, kwargs)
         start = time.perf_counter()
         with common.step("Exporting (capture, translate, outline, optimize)"):
             result = export(model, inputs, kwargs or None, functions=_functions(args),
-                            dedupe=not args.no_dedupe, opset=args.opset,
-                            weights=args.weights, ctx=ctx)
+                            dedupe=not args.no_dedupe, dynamic_shapes=dynamic,
+                            opset=args.opset, weights=args.weights, ctx=ctx)
     except OnnxModularError as e:
         if args.sarif:  # CI reads the failure and its file:line from the log
             ctx.record_failure(e)  # (those before the export, and the export's own, once)

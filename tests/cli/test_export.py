@@ -81,3 +81,28 @@ def test_split_with_an_execution_provider(tmp_path) -> None:
                  "-o", str(out)]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert [r["kind"] for r in manifest["regions"]] == ["acc"]
+
+
+def test_export_with_dynamic_axes_runs_at_other_sizes(tmp_path, capsys) -> None:
+    """``--dynamic`` is ``dynamic_shapes`` on the command line: the file's axes carry the
+    names and it computes torch's numbers at a batch and a length it was not exported at."""
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+
+    from onnx_modular.examples import tiny_gpt
+
+    out = tmp_path / "dyn.onnx"
+    assert main(["export", MODEL, "--input", "2x8:int64", "-o", str(out),
+                 "--dynamic", "input_ids:0=batch,1=seq", "--validate",
+                 "--providers", "cpu"]) == 0
+    dims = onnx.load(str(out)).graph.input[0].type.tensor_type.shape.dim
+    assert [d.dim_param for d in dims] == ["batch", "seq"]
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    ids = torch.randint(0, 64, (3, 5))
+    (got,) = session.run(None, {"input_ids": ids.numpy()})
+    with torch.no_grad():
+        np.testing.assert_allclose(got, tiny_gpt()(ids).numpy(), rtol=1e-4, atol=1e-5)
+    assert main(["export", MODEL, "--input", "2x8:int64", "-o", str(tmp_path / "x.onnx"),
+                 "--dynamic", "tokens:0=batch"]) == 2
+    assert "takes no input 'tokens' (its inputs: input_ids" in capsys.readouterr().err
