@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import onnx
@@ -24,6 +25,7 @@ from onnx_modular.api.arguments import (
 from onnx_modular.api.spine import Subject, emit_whole, lower, needs_calls
 from onnx_modular.diagnostics import Diagnostic, DiagnosticContext, records_failures, to_sarif
 from onnx_modular.emit.dim_names import name_dims
+from onnx_modular.emit.io_names import check_io_names, name_inputs_and_outputs
 from onnx_modular.emit.outline import OutlineReport
 from onnx_modular.emit.pipeline import EmitOptions
 from onnx_modular.leaves._checkpoint import Checkpoint
@@ -91,6 +93,8 @@ def export(model: Model, args: ExampleArgs = (), kwargs: ExampleKwargs | None = 
            dynamic_shapes: DynamicShapes | None = None,
            opset: int | None = None, optimize_model: bool = True,
            weights: Checkpoint | None = None,
+           input_names: Sequence[str] | None = None,
+           output_names: Sequence[str] | None = None,
            ctx: DiagnosticContext | None = None) -> ExportResult:
     """Export ``model`` to ONNX with one local function per module call.
 
@@ -101,6 +105,8 @@ def export(model: Model, args: ExampleArgs = (), kwargs: ExampleKwargs | None = 
     ``model.safetensors.index.json``, or a mapping name -> tensor, for a ``model`` built on
     the meta device: each weight is read from its mapped file only when it is written
     (:mod:`onnx_modular.leaves._checkpoint`); the same file as exporting the materialized model.
+    ``input_names`` / ``output_names``: names of the file's first inputs and outputs, as
+    ``torch.onnx.export`` takes them (torch's node names otherwise).
     """
     assert ctx is not None  # made by @records_failures when the caller gives none
     if not isinstance(args, tuple):
@@ -111,6 +117,7 @@ def export(model: Model, args: ExampleArgs = (), kwargs: ExampleKwargs | None = 
     with gc_paused():
         options.selection()  # a bad selection fails now, not after seconds of export
         check_opset(opset, flat=options.flat)
+        check_io_names(input_names, output_names)
         subject = Subject(model, args, kwargs, dynamic_shapes, weights)
         lowered = lower(subject, opset, ctx, with_calls=needs_calls(options))
         options = dataclasses.replace(  # sizes a computed shape may end in -1 beside
@@ -118,5 +125,6 @@ def export(model: Model, args: ExampleArgs = (), kwargs: ExampleKwargs | None = 
         report = emit_whole(lowered, options, ctx)
         name_dims(lowered.model, dim_names(lowered.program))  # as torch.onnx names them
         name_dims(lowered.model, names_of_axes(lowered.model.graph.inputs, dynamic_shapes))
+        name_inputs_and_outputs(lowered.model, input_names, output_names)
     return ExportResult(lowered.model, ctx.diagnostics, lowered.program,
                         None if options.flat else lowered.graph_module, report.outline)

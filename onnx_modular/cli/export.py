@@ -33,6 +33,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     common.add_model_inputs(p)
     common.add_output(p, "the .onnx file to write")
     add_dynamic(p)
+    p.add_argument("--input-names", type=_names, metavar="A,B",
+                   help="names of the file's first inputs (torch's otherwise)")
+    p.add_argument("--output-names", type=_names, metavar="A,B",
+                   help="names of the file's first outputs, e.g. logits")
     p.add_argument("--flat", action="store_true", help="no functions (same as --functions none)")
     p.add_argument("--functions", default="all",
                    help="all | none | comma-separated classes, class names or module paths")
@@ -71,7 +75,9 @@ def run(args: argparse.Namespace) -> int:
         with common.step("Exporting (capture, translate, outline, optimize)"):
             result = export(model, inputs, kwargs or None, functions=_functions(args),
                             dedupe=not args.no_dedupe, dynamic_shapes=dynamic,
-                            opset=args.opset, weights=args.weights, ctx=ctx)
+                            opset=args.opset, weights=args.weights,
+                            input_names=args.input_names, output_names=args.output_names,
+                            ctx=ctx)
     except OnnxModularError as e:
         if args.sarif:  # CI reads the failure and its file:line from the log
             ctx.record_failure(e)  # (those before the export, and the export's own, once)
@@ -95,6 +101,14 @@ def run(args: argparse.Namespace) -> int:
         rep = validate(model, inputs, args.output, kwargs=kwargs, providers=providers,
                        weights=args.weights)
     return common.finish(rep, rep.ok, args.report)
+
+
+def _names(text: str) -> list[str]:
+    """``--input-names``/``--output-names``: comma-separated, none empty."""
+    names = [n.strip() for n in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"'{text}' holds an empty name")
+    return names
 
 
 def _functions(args: argparse.Namespace) -> str | list[str]:

@@ -94,13 +94,14 @@ def test_export_with_dynamic_axes_runs_at_other_sizes(tmp_path, capsys) -> None:
 
     out = tmp_path / "dyn.onnx"
     assert main(["export", MODEL, "--input", "2x8:int64", "-o", str(out),
-                 "--dynamic", "input_ids:0=batch,1=seq", "--validate",
-                 "--providers", "cpu"]) == 0
-    dims = onnx.load(str(out)).graph.input[0].type.tensor_type.shape.dim
-    assert [d.dim_param for d in dims] == ["batch", "seq"]
+                 "--dynamic", "input_ids:0=batch,1=seq", "--output-names", "logits",
+                 "--input-names", "tokens", "--validate", "--providers", "cpu"]) == 0
+    graph = onnx.load(str(out)).graph
+    assert [d.dim_param for d in graph.input[0].type.tensor_type.shape.dim] == ["batch", "seq"]
+    assert (graph.input[0].name, graph.output[0].name) == ("tokens", "logits")
     session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     ids = torch.randint(0, 64, (3, 5))
-    (got,) = session.run(None, {"input_ids": ids.numpy()})
+    (got,) = session.run(None, {"tokens": ids.numpy()})
     with torch.no_grad():
         np.testing.assert_allclose(got, tiny_gpt()(ids).numpy(), rtol=1e-4, atol=1e-5)
     assert main(["export", MODEL, "--input", "2x8:int64", "-o", str(tmp_path / "x.onnx"),
