@@ -31,6 +31,7 @@ from onnx_modular.emit.sizes import (
     derive,
     is_size,
     remove_dead_size_nodes,
+    retarget_shape,
 )
 from onnx_modular.leaves._util import common_prefix
 from onnx_modular.leaves.arguments import FunctionSelection
@@ -218,11 +219,40 @@ class _Outliner:
                    for m in scope.members]
         members = [m for m in members if m is not None]
         if members and self.own_sizes:
+            self._shapes_to_caller(members, parent)
             members = self._sizes_to_caller(members, parent)
         if members:
             call = self._outline(scope.call, members, enclosing)
             if call is not None:
                 self.call_nodes[id(scope)] = call
+
+    def _shapes_to_caller(self, members: list[ir.Node], parent: _Scope) -> None:
+        """A caller's ``Shape`` of a tensor the call computes and returns for nothing else
+        (torch.export reads a height where it first saw it: in diffusers' UNet, inside a
+        ResnetBlock2D's shortcut conv) reads the same dimensions of a tensor the call
+        reads or returns anyway, so the call does not return a tensor for its shape."""
+        _, nested = _nested(members)
+        inside = {n for node in members for n in (node, *nested.get(node, ()))}
+        here = {m for m in parent.members if isinstance(m, ir.Node)}
+
+        def shapes_only(value: ir.Value) -> list[ir.Node] | None:
+            readers = [u.node for u in value.uses() if u.node not in inside]
+            if not readers or value in self.graph_outputs or not all(
+                    n.op_type == "Shape" and n.domain in ("", "ai.onnx") and n in here
+                    for n in readers):
+                return None
+            return readers
+
+        outputs = [v for node in members for v in node.outputs]
+        read = {v: shapes_only(v) for v in outputs}
+        candidates = activations_of(dict.fromkeys(
+            [v for node in members for v in node.inputs
+             if v is not None and v.producer() not in inside]
+            + [v for v in outputs if read[v] is None and (
+                v in self.graph_outputs or any(u.node not in inside for u in v.uses()))]))
+        for readers in read.values():
+            for shape in readers or ():
+                retarget_shape(shape, candidates)
 
     def _sizes_to_caller(self, members: list[ir.Node], parent: _Scope) -> list[ir.Node]:
         """A size a call computes and its caller reads (the height a VAE's GroupNorm reads

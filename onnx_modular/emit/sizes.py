@@ -178,6 +178,31 @@ def _shape_from(shape: ir.Node, activations: Sequence[tuple[ir.Value, ir.Value]]
     return nodes
 
 
+def retarget_shape(shape: ir.Node, candidates: Sequence[ir.Value]) -> bool:
+    """``Shape(x)`` (with its start and end) made to read the same dimensions, in one run,
+    of one of ``candidates`` instead of ``x``; False, unchanged, where none has them."""
+    source = shape.inputs[0]
+    if source is None or source.shape is None:
+        return False
+    dims = list(source.shape)
+    start = shape.attributes.get_int("start", 0)
+    end = shape.attributes.get_int("end", len(dims))
+    wanted = dims[slice(start, end)]
+    if not wanted or not all(isinstance(d, int) or _named(d) for d in wanted):
+        return False
+    keys = [d if isinstance(d, int) else str(d) for d in wanted]
+    for value in candidates:
+        have = [d if isinstance(d, int) else str(d) if _named(d) else None
+                for d in (value.shape or ())]
+        for at in range(len(have) - len(keys) + 1):
+            if have[at:at + len(keys)] == keys:
+                shape.replace_input_with(0, value)
+                shape.attributes["start"] = ir.AttrInt64("start", at)
+                shape.attributes["end"] = ir.AttrInt64("end", at + len(keys))
+                return True
+    return False
+
+
 def _axis_with(dim: str, activations: Iterable[tuple[ir.Value, ir.Value]]
                ) -> tuple[ir.Value, int] | None:
     """The first activation (the body's input) and axis whose dimension is ``dim``."""

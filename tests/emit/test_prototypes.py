@@ -13,7 +13,9 @@ import collections
 import hashlib
 
 import models
+import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 import torch
 from torch import nn
@@ -777,10 +779,11 @@ def test_per_layer_float_hyperparameters_are_one_function_whichever_repeat(confi
     assert om.validate(model, args, result, providers="cpu").ok
 
 
-def _unet2d() -> tuple[nn.Module, tuple]:
+def _unet2d(layers_per_block: int = 1) -> tuple[nn.Module, tuple]:
     from diffusers import UNet2DModel
 
-    inner = UNet2DModel(sample_size=16, in_channels=3, out_channels=3, layers_per_block=1,
+    inner = UNet2DModel(sample_size=16, in_channels=3, out_channels=3,
+                        layers_per_block=layers_per_block,
                         block_out_channels=(16, 32), norm_num_groups=4,
                         down_block_types=("DownBlock2D", "AttnDownBlock2D"),
                         up_block_types=("AttnUpBlock2D", "UpBlock2D")).eval()
@@ -835,6 +838,30 @@ def test_group_norm_weights_enter_as_inputs_one_function_per_shape(name: str) ->
     assert len(calls_of(result, "GroupNorm")) == len(shapes)
     check_prototypes(result)
     assert om.validate(trained, args, result, providers="cpu").ok
+
+
+@pytest.mark.slow
+def test_a_caller_reading_a_block_internal_height_takes_it_from_the_blocks_output() -> None:
+    """torch.export read the attention's height from the shortcut conv inside the
+    ResnetBlock2D before it (``sym_size(conv2d_8, 2)``): that call returned the conv's
+    output for its shape alone, and got a function of its own (3 functions, 2 bodies)."""
+    pytest.importorskip("diffusers")
+    torch.manual_seed(0)
+    model, _ = _unet2d(layers_per_block=2)
+    x, t = torch.randn(2, 3, 16, 16), torch.tensor([10, 500])
+    batch = torch.export.Dim("batch", min=1, max=16)
+    h8, w8 = torch.export.Dim("h8", min=1, max=8), torch.export.Dim("w8", min=1, max=8)
+    trained = models.trained(model)
+    result = om.export(trained, (x, t), functions=["ResnetBlock2D"],
+                       dynamic_shapes=({0: batch, 2: 8 * h8, 3: 8 * w8}, {0: batch}))
+    assert sorted(calls_of(result, "ResnetBlock2D").values()) == [5, 7]  # shortcut or not
+    assert all(len(f.outputs) == 1 for f in result.model.functions.values())
+    session = ort.InferenceSession(result.model_proto.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    for sample, steps in ((x, t), (torch.randn(3, 3, 24, 40), torch.tensor([1, 20, 900]))):
+        (got,) = session.run(None, {"x": sample.numpy(), "t": steps.numpy()})
+        with torch.no_grad():
+            np.testing.assert_allclose(got, trained(sample, steps).numpy(), atol=1e-4)
 
 
 class HalfScaled(nn.Module):
