@@ -136,7 +136,10 @@ class Tools:
         _inline_for_tool(model)
         folder = tempfile.mkdtemp(prefix=".onnx_modular-inlined-")
         path = os.path.join(folder, "model.onnx")
-        ir_save_external(model, path, "model.onnx.data")
+        # weights inline below 2 GB: from a file with a data file, ORT's transformers
+        # optimizer has ORT write its optimized model into another folder, where the weights
+        # it left unchanged still name the first file's data (the load then fails)
+        save_model(model, path)
         reference = onnx.load(path, load_external_data=False)
         del reference.graph.initializer[:]  # its labels are read, never its weights
 
