@@ -29,18 +29,24 @@ from onnx_modular.emit.infra import EmitPass
 SHAPE_ARITHMETIC = frozenset({
     "Shape", "Constant", "Gather", "Squeeze", "Unsqueeze", "Concat", "Cast", "Reshape",
     "Slice", "Add", "Sub", "Mul", "Div", "Mod", "Max", "Min", "Neg", "Identity", "Abs",
-    "ReduceProd", "ReduceSum"})
+    "ReduceProd", "ReduceSum", "Sqrt", "Reciprocal"})
 _INTEGER = frozenset({ir.DataType.INT64, ir.DataType.INT32})
+_FLOAT = frozenset({ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16,
+                    ir.DataType.BFLOAT16})
 #: A size is a scalar or a short vector; its arithmetic a handful of nodes.
 _MAX_LENGTH, _MAX_NODES, _MAX_CONSTANT = 8, 48, 64
 
 
 def is_size(value: ir.Value) -> bool:
-    """An integer scalar or short vector computed by some node (a size, or a shape)."""
+    """An integer scalar or short vector computed by some node (a size, or a shape), or a
+    float scalar computed from sizes alone (``1.0 / x.shape[1]``)."""
     shape = value.shape
-    return (value.dtype in _INTEGER and shape is not None and value.producer() is not None
-            and (len(shape) == 0 or (len(shape) == 1 and isinstance(shape[0], int)
-                                     and shape[0] <= _MAX_LENGTH)))
+    if shape is None or value.producer() is None:
+        return False
+    if value.dtype in _FLOAT:
+        return tuple(shape) in ((), (1,)) and _cone(value) is not None
+    return value.dtype in _INTEGER and (len(shape) == 0 or (
+        len(shape) == 1 and isinstance(shape[0], int) and shape[0] <= _MAX_LENGTH))
 
 
 def derive(size: ir.Value, activations: Sequence[tuple[ir.Value, ir.Value]], name: str
@@ -114,9 +120,11 @@ def _cone(size: ir.Value) -> list[ir.Node] | None:
 
 
 def _small_initializer(value: ir.Value) -> bool:
+    """A constant of shape arithmetic: a few integers, or one float (``1.0`` of ``1.0 / n``)."""
     tensor = value.const_value
-    return (value.is_initializer() and tensor is not None and tensor.size <= _MAX_CONSTANT
-            and value.dtype in _INTEGER)
+    return value.is_initializer() and tensor is not None and (
+        (value.dtype in _INTEGER and tensor.size <= _MAX_CONSTANT)
+        or (value.dtype in _FLOAT and tensor.size == 1))
 
 
 def _constant(value: ir.Value, name: str) -> ir.Node:

@@ -521,3 +521,43 @@ def test_torchlibs_key_transpose_becomes_one_transpose() -> None:
     _, graph = _key_transposed(swap=False)
     assert transpose_through_reshapes(graph) == 0
     assert [n.op_type for n in graph].count("Reshape") == 2
+
+
+class _ScaledBySeq(torch.nn.Module):
+    """A float from the sequence length: ``1 / x.shape[1]`` in the body, or ``n`` passed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, n: int | None = None) -> torch.Tensor:
+        return self.fc(x) * (1.0 / (x.shape[1] if n is None else n))
+
+
+class _TwoScaled(torch.nn.Module):
+    def __init__(self, passed: bool) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(_ScaledBySeq() for _ in range(2))
+        self.passed = passed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x, x.shape[1]) if self.passed else layer(x)
+        return x
+
+
+@pytest.mark.parametrize("passed", [False, True])
+def test_a_float_computed_from_a_size_is_computed_in_the_body(passed: bool) -> None:
+    """torch.export computes ``1.0 / seq`` once at the root: the float was an input of each
+    layer (``input_kinds``: activation, weight, weight, size)."""
+    torch.manual_seed(0)
+    model, x = _TwoScaled(passed).eval(), torch.randn(2, 5, 8)
+    seq = torch.export.Dim("seq", min=2, max=64)
+    result = om.export(model, (x,), functions=[_ScaledBySeq], dynamic_shapes=({1: seq},))
+    assert input_kinds(result.model_proto) == {"_ScaledBySeq": ["activation", "weight",
+                                                                "weight"]}
+    assert [n.op_type for n in result.model.graph] == ["_ScaledBySeq"] * 2
+    for sample in (x, torch.randn(2, 9, 8)):
+        (got,) = run(result.model, x=sample.numpy())
+        with torch.no_grad():
+            np.testing.assert_allclose(got, model(sample).numpy(), rtol=1e-5, atol=1e-6)
