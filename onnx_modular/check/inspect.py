@@ -122,7 +122,7 @@ def input_kinds(model: onnx.ModelProto) -> dict[str, list[str]]:
             if (function.name, tuple(passed)) in seen:
                 continue
             seen.add((function.name, tuple(passed)))
-            read = {i for n in function.node for i in n.input} | set(function.output)
+            read = _names_read(function.node) | set(function.output)
             found = [k if name in read else "unused" for name, k in zip(function.input, passed)]
             before = kinds.setdefault(function.name, found)
             kinds[function.name] = [b if b in ("unused", "size") or f != "size" else f
@@ -131,6 +131,19 @@ def input_kinds(model: onnx.ModelProto) -> dict[str, list[str]]:
 
     walk(model.graph.node, {i.name: "weight" for i in model.graph.initializer})
     return kinds
+
+
+def _names_read(nodes: Sequence[onnx.NodeProto]) -> set[str]:
+    """Every name ``nodes`` read, those of their subgraphs too (an ``If`` branch reads a
+    function's input by its name, not as an input of the ``If``)."""
+    read: set[str] = set()
+    for node in nodes:
+        read.update(node.input)
+        for attribute in node.attribute:
+            for graph in [*([attribute.g] if attribute.HasField("g") else []),
+                          *attribute.graphs]:
+                read |= _names_read(graph.node) | {o.name for o in graph.output}
+    return read
 
 
 def _all_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
@@ -211,8 +224,8 @@ def _kinds_text(kinds: list[str]) -> str:
     """``2 activations, 12 weights`` (sizes, constants and unused inputs named too)."""
     counts = collections.Counter(kinds)
     order = ("activation", "weight", "size", "constant", "unused")
-    return ", ".join(f"{counts[k]} {k}{'s' if counts[k] != 1 else ''}" for k in order
-                     if counts[k])
+    return ", ".join(f"{counts[k]} {k}{'s' if counts[k] != 1 and k != 'unused' else ''}"
+                     for k in order if counts[k])
 
 
 def summary(model: onnx.ModelProto) -> dict[str, int]:

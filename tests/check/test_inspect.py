@@ -9,6 +9,7 @@ from onnx import helper
 
 import onnx_modular as om
 from onnx_modular.check.inspect import (
+    _kinds_text,
     call_tree,
     function_stats,
     function_table,
@@ -150,3 +151,29 @@ def test_a_slice_of_a_weight_by_a_size_is_data_a_slice_of_a_shape_is_a_size() ->
     proto = helper.make_model(graph, functions=[lookup, fill], opset_imports=[
         helper.make_opsetid("", 18), helper.make_opsetid("pkg", 1)])
     assert input_kinds(proto) == {"Lookup": ["weight", "activation"], "Fill": ["size"]}
+
+
+class _Branches(torch.nn.Module):
+    """Weights read only inside ``torch.cond``'s branches (If subgraphs of the body)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Parameter(torch.randn(4)), torch.nn.Parameter(torch.randn(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cond(x.sum() > 0, lambda t: t * self.a, lambda t: t + self.b, (x,))
+
+
+def test_an_input_read_only_in_a_branch_is_read_and_unused_is_not_pluralized() -> None:
+    class Two(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = torch.nn.ModuleList(_Branches() for _ in range(2))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.layers[1](self.layers[0](x))
+
+    torch.manual_seed(0)
+    proto = om.export(Two().eval(), (torch.randn(2, 4),), functions=[_Branches]).model_proto
+    assert input_kinds(proto) == {"_Branches": ["activation", "weight", "weight"]}
+    assert _kinds_text(["activation", "unused", "unused"]) == "1 activation, 2 unused"
