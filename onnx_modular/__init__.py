@@ -22,6 +22,7 @@ from onnx_modular.diagnostics import (
     Level,
     Location,
     OnnxModularError,
+    OnnxModularWarning,
     Rule,
     to_sarif,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "Level",
     "Location",
     "OnnxModularError",
+    "OnnxModularWarning",
     "OperatorSupport",
     "Rule",
     "SplitResult",

@@ -15,6 +15,7 @@ import functools
 import re
 import string
 import urllib.parse
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePath
 from typing import Any, ParamSpec, TypeVar
@@ -279,10 +280,21 @@ def records_failures(entry: Callable[P, R]) -> Callable[P, R]:
     @functools.wraps(entry)
     def recorded(*args: P.args, **kwargs: P.kwargs) -> R:
         ctx = kwargs.get("ctx")
-        if ctx is None:
+        made_here = ctx is None
+        if made_here:
             ctx = kwargs["ctx"] = DiagnosticContext()
         assert isinstance(ctx, DiagnosticContext)
         with ctx.recording_failures():
-            return entry(*args, **kwargs)
+            result = entry(*args, **kwargs)
+        if made_here:  # nobody else reads this context: what the user must know, as warnings
+            for diagnostic in ctx.of_level(Level.WARNING):
+                warnings.warn(str(diagnostic), OnnxModularWarning, stacklevel=2)
+        return result
 
     return recorded
+
+
+class OnnxModularWarning(UserWarning):
+    """A warning-level diagnostic of a call given no ``ctx=``: the file differs from what
+    was asked (a size torch fixed, a call left inlined, an input left out); the result's
+    ``diagnostics`` hold it too."""

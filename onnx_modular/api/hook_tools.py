@@ -35,6 +35,7 @@ import onnx
 import onnx_ir as ir
 
 from onnx_modular.api.outline import outline
+from onnx_modular.diagnostics import DiagnosticContext
 from onnx_modular.emit.canonical import graph_key
 from onnx_modular.emit.scopes import inline_labelled
 from onnx_modular.leaves._compat import (
@@ -178,7 +179,8 @@ class Tools:
         functions, dedupe = ("all", True) if session is None else (
             session.options.functions, session.options.dedupe)
         try:
-            result = outline(path, functions, dedupe, reference=reference)
+            result = outline(path, functions, dedupe, reference=reference,
+                             ctx=DiagnosticContext())  # the session says what it found
             result.model.metadata_props.pop(MARK, None)
             _write_like_tool(result.model, path)
         except Exception as e:

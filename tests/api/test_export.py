@@ -6,6 +6,7 @@ import ast
 import collections
 import os
 import re
+import warnings as warnings_module
 
 import models
 import numpy as np
@@ -369,11 +370,17 @@ def test_deterministic_across_processes(tmp_path) -> None:
 
 
 def test_misspelt_function_selection_is_reported() -> None:
+    """In the diagnostics, and as a Python warning where the caller gave no context (a
+    dynamic size torch fixed was a diagnostic alone: nothing told the user)."""
     model, args = Mixed().eval(), models.x8()
-    result = om.export(model, args, functions=["GatedBlock", "GatedBlok"])
+    with pytest.warns(om.OnnxModularWarning, match=r"\['GatedBlok'\] matched no module"):
+        result = om.export(model, args, functions=["GatedBlock", "GatedBlok"])
     assert {f.name for f in result.functions} == {"GatedBlock", "GatedBlock_1"}
     warnings = [d for d in result.diagnostics if d.level == om.Level.WARNING]
     assert len(warnings) == 1 and "['GatedBlok'] matched no module call" in warnings[0].message
+    with warnings_module.catch_warnings():
+        warnings_module.simplefilter("error", om.OnnxModularWarning)  # the caller's context
+        om.export(model, args, functions=["GatedBlok"], ctx=om.DiagnosticContext())
 
 
 @pytest.mark.slow
