@@ -52,6 +52,18 @@ def test_only_shapes_or_wiring_left() -> None:
         ["how the same ops are wired"]
 
 
+def test_an_attribute_each_call_gives_is_no_reason() -> None:
+    """A merged body's ``@axis`` against a literal 1 read ``axis=1 (vs None)``: the reason
+    left is the one that holds (here the input shapes)."""
+    base, other = _with_attr("Block", 1), _with_attr("Block_1", 1)
+    base.attributes["axis"] = ir.Attr("axis", ir.AttributeType.INT, 1)
+    softmax = next(n for n in base if n.op_type == "Softmax")
+    softmax.attributes["axis"] = ir.RefAttr("axis", "axis", ir.AttributeType.INT)
+    other.inputs[0].shape = ir.Shape([3, 4])
+    assert differences(other, base, {}) == ["input shapes ['[3,4]'] (vs ['[2,4]'])"]
+    assert differences(base, other, {}) == ["input shapes ['[2,4]'] (vs ['[3,4]'])"]
+
+
 def test_reasons_are_capped() -> None:
     base = _with_attr("Block", 1)
     x, y = value("x"), value("y")
