@@ -37,6 +37,7 @@ import onnx_ir as ir
 from onnx_modular.api.outline import outline
 from onnx_modular.diagnostics import DiagnosticContext
 from onnx_modular.emit.canonical import graph_key
+from onnx_modular.emit.optimize import tensor_constants
 from onnx_modular.emit.scopes import inline_labelled
 from onnx_modular.leaves._compat import (
     ir_save_external,
@@ -346,13 +347,7 @@ def _inline_for_tool(model: ir.Model) -> None:
     ``OnnxModel.get_constant_value`` read (with the others the transformers optimizer's shape
     inference failed and it fused no ``SkipLayerNormalization``, silently)."""
     inline_labelled(model)
-    for node in model.graph:
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") \
-                and len(node.attributes) == 1 and "value" not in node.attributes:
-            tensor = ir.convenience.get_const_tensor(node.outputs[0])
-            if tensor is not None:
-                node.attributes.clear()
-                node.attributes["value"] = ir.AttrTensor("value", tensor)
+    tensor_constants(model.graph)  # (files of other exporters hold them too)
 
 
 def _inline_in_place(proto: onnx.ModelProto) -> None:

@@ -8,7 +8,7 @@ longer be folded. After: the full optimizer, on each unique function body once, 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import onnx_ir as ir
@@ -322,3 +322,32 @@ class ShareConstants(EmitPass):
     def run(self, model: ir.Model) -> None:
         for function in model.functions.values():
             share_equal_constants(function.graph)
+
+
+_SCALAR_FORMS = frozenset({"value_float", "value_floats", "value_int", "value_ints"})
+
+
+def tensor_constants(nodes: Iterable[ir.Node]) -> int:
+    """``Constant(value_floats=...)`` and its scalar siblings -> ``Constant(value=<tensor>)``,
+    the same values in the one form every tool reads: onnxslim rewrote a body's
+    ``value_floats`` (diffusers' ``Upsample2D`` Resize scales) as a double tensor ONNX
+    Runtime then refused, and ORT's symbolic shape inference reads ``value`` only."""
+    changed = 0
+    for node in nodes:
+        if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") \
+                or len(node.attributes) != 1 or not _SCALAR_FORMS & set(node.attributes):
+            continue
+        tensor = ir.convenience.get_const_tensor(node.outputs[0])
+        if tensor is not None:
+            node.attributes.clear()
+            node.attributes["value"] = ir.AttrTensor("value", tensor)
+            changed += 1
+    return changed
+
+
+class TensorConstants(EmitPass):
+    """Every Constant of the model, bodies and branches too, in tensor form
+    (:func:`tensor_constants`)."""
+
+    def run(self, model: ir.Model) -> None:
+        tensor_constants(list(all_nodes(model)))

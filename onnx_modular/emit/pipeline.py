@@ -20,7 +20,9 @@ one :class:`~onnx_ir.passes.Sequential`, so a failure names the step it happened
    fixpoint (a parent merges once its children have).
 5. ``ExplainDifferences``: each function of a class but the first says why it stayed apart.
 6. ``InlineAll`` (flat output only): every call inlined, labels made absolute per copy.
-7. ``Verify``: strict ONNX type and shape inference; a model ONNX Runtime would reject is an
+7. ``TensorConstants``: every ``Constant(value_floats=...)`` (and its scalar siblings) in
+   tensor form, the one form every tool reads.
+8. ``Verify``: strict ONNX type and shape inference; a model ONNX Runtime would reject is an
    error naming the module and FX node, before anything is written.
 """
 
@@ -36,7 +38,12 @@ from onnx_modular.emit.explain import ExplainDifferences
 from onnx_modular.emit.infra import Chains, EmitPassError
 from onnx_modular.emit.inline import InlineAll
 from onnx_modular.emit.merge import MergeEqualFunctions, ParametrizeBeforeOptimizing
-from onnx_modular.emit.optimize import FoldWeights, Optimize, ShareConstants
+from onnx_modular.emit.optimize import (
+    FoldWeights,
+    Optimize,
+    ShareConstants,
+    TensorConstants,
+)
 from onnx_modular.emit.outline import (
     Outline,
     OutlineReport,
@@ -157,6 +164,7 @@ def _steps(options: EmitOptions, chains: Chains, weights: frozenset[str] | set[s
         steps.append(ExplainDifferences())
     if options.flat:
         steps.append(InlineAll(options.optimize))
+    steps.append(TensorConstants())
     steps.append(Verify())
     return steps
 

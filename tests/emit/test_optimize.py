@@ -4,8 +4,13 @@ initializer clean-up."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+import torch
 
+import onnx_modular as om
 from onnx_modular.emit.optimize import (
     SMALL_CONSTANT,
     collapse_reshapes,
@@ -16,6 +21,7 @@ from onnx_modular.emit.optimize import (
     remove_unused_initializers,
     share_equal_constants,
 )
+from onnx_modular.emit.walk import all_nodes
 from onnx_modular.leaves._weights import StridedTensor
 
 from .graphs import OPSET, call, function, fx, model, run, value, weight
@@ -327,3 +333,34 @@ def test_a_constant_cast_like_an_activation_stays_in_the_body() -> None:
     m = model([x], out.outputs, [y, bound, cast, out], [w])
     fold_weights(m, {"w"})
     assert "bound_cast" not in m.graph.initializers
+
+
+class _Upsampled(torch.nn.Module):
+    """torchlib writes ``interpolate``'s scales as ``Constant(value_floats=[1, 1, 2, 2])``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(torch.nn.functional.interpolate(x, scale_factor=2.0))
+
+
+def test_constants_are_tensors_so_onnxslim_keeps_a_body_loadable(tmp_path) -> None:
+    """onnxslim rewrote a body's ``value_floats`` as a double tensor: ORT refused the file
+    (diffusers' Upsample2D in VAE and UNet files)."""
+    onnxslim = pytest.importorskip("onnxslim")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(_Upsampled(), _Upsampled()).eval()
+    x = torch.randn(1, 4, 3, 3)
+    result = om.export(model, (x,), functions=[_Upsampled])
+    constants = [n for n in all_nodes(result.model) if n.op_type == "Constant"]
+    assert constants and all(list(n.attributes) == ["value"] for n in constants)
+    result.save(tmp_path / "up.onnx")
+    onnxslim.slim(str(tmp_path / "up.onnx"), str(tmp_path / "slim.onnx"))
+    assert onnx.load(str(tmp_path / "slim.onnx")).functions
+    session = ort.InferenceSession(str(tmp_path / "slim.onnx"),
+                                   providers=["CPUExecutionProvider"])
+    (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    with torch.no_grad():
+        np.testing.assert_allclose(got, model(x).numpy(), rtol=1e-5, atol=1e-5)
