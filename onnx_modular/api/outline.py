@@ -6,7 +6,9 @@ those tools inline, drop or ignore local functions. Every node of a torch.onnx e
 its module (``pkg.torch.onnx.name_scopes``), and the tools keep most of those labels; that is
 enough to outline the model again as ``om.export`` does (:mod:`onnx_modular.emit.scopes`
 places what the tool added). Nothing is optimized or rewritten on the way: the result
-computes what its input computed, node for node.
+computes what its input computed, node for node, but for what ``om.export`` does too: a size
+a layer reads is computed in its body from its own activations, and bodies apart only in
+float scalars are one function with attributes.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from onnx_modular.api.export import ExportResult
 from onnx_modular.diagnostics import DiagnosticContext, OnnxModularError, records_failures
 from onnx_modular.emit.explain import annotate_differences
 from onnx_modular.emit.infra import calls_of_missing_functions, listed
+from onnx_modular.emit.merge import ParametrizeBeforeOptimizing
 from onnx_modular.emit.outline import OutlineReport, Select, outline_nodes
-from onnx_modular.emit.pipeline import EmitOptions, report_outline
+from onnx_modular.emit.pipeline import EmitOptions, EmitReport, report_outline
 from onnx_modular.emit.scopes import (
     ScopeReport,
     inline_labelled,
@@ -155,13 +158,14 @@ def _outline_once(model: ir.Model, loaded: LoadedModel, select: Select | None, d
         per_node = [tuple(c for c in chain if c.call_id not in flat
                           and (select is None or select(c))) for chain in per_node]
     try:
-        report = outline_nodes(model, nodes, per_node, dedupe=dedupe)
+        report = outline_nodes(model, nodes, per_node, dedupe=dedupe, own_sizes=True)
     except ValueError as e:  # a placement the graph cannot take (a cycle): a defect of ours
         raise fail(f"cannot outline '{loaded.label}': {first_line(e)} (an onnx_modular "
                    "defect: please report it)", rules.TRANSLATION) from e
     if model.functions and (model.ir_version or 0) < _FUNCTIONS_IR_VERSION:
         model.ir_version = _FUNCTIONS_IR_VERSION
-    if dedupe:
+    if dedupe:  # layers apart only in float scalars (eps, a slope): one function, as export
+        ParametrizeBeforeOptimizing(EmitReport(outline=report))(model)  # makes them
         annotate_differences(model)
     if not _has_foreign_ops(model):
         verify(model, f"the outlined '{loaded.label}'",  # strict, as every model we write

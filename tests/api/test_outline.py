@@ -173,6 +173,55 @@ def test_a_hierarchical_file_is_inlined_then_outlined_again(tmp_path: Path) -> N
                                atol=1e-6, rtol=0)
 
 
+class _Leaky(torch.nn.Module):
+    def __init__(self, eps: float, slope: float) -> None:
+        super().__init__()
+        self.ln, self.fc, self.slope = torch.nn.LayerNorm(8, eps=eps), torch.nn.Linear(8, 8), slope
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.nn.functional.leaky_relu(self.fc(self.ln(x)), self.slope)
+
+
+def test_layers_apart_only_in_float_scalars_outline_to_one_function_as_export(
+        tmp_path: Path) -> None:
+    """om.export makes layers that differ in LayerNorm eps and a slope one function with
+    attributes; outlining the same model's flat file made three."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*(_Leaky(e, s) for e, s in
+                                  [(1e-5, 0.01), (1e-6, 0.2), (1e-3, 0.1)])).eval()
+    args = (torch.randn(2, 8),)
+    path = tmp_path / "flat.onnx"
+    om.export(model, args, functions="none").save(path)
+    result = om.outline(path)
+    assert {f.name: len(f.calls) for f in result.functions if f.name.startswith("_Leaky")} \
+        == {"_Leaky": 3}
+    feeds = feeds_for(path, args)
+    np.testing.assert_allclose(run(result.model_proto, feeds)[0], run(path, feeds)[0],
+                               atol=1e-6, rtol=0)
+
+
+@pytest.mark.slow
+def test_a_dynamic_flat_file_outlines_to_self_contained_layers(tmp_path: Path) -> None:
+    """Outlined as it was, a size torch.export computes once at the root entered every
+    layer as an input (StableLM's attention: 2 size inputs); each body computes it from
+    its own activations' shapes, as om.export's do."""
+    from onnx_modular.check.inspect import input_kinds
+
+    model, args = models.gpt2(2)
+    dims = ({0: torch.export.Dim("batch", min=1, max=32),
+             1: torch.export.Dim("seq", min=2, max=32)},)
+    path = tmp_path / "flat.onnx"
+    om.export(model, args, functions="none", dynamic_shapes=dims).save(path)
+    result = om.outline(path)
+    kinds = input_kinds(result.model_proto)
+    assert kinds["GPT2Block"].count("activation") == 2
+    assert not [f for f, k in kinds.items() if "size" in k or "unused" in k]
+    for ids in (args[0], torch.randint(0, 99, (3, 5))):
+        feeds = {"input_ids": ids.numpy()}
+        np.testing.assert_allclose(run(result.model_proto, feeds)[0], run(path, feeds)[0],
+                                   atol=1e-6, rtol=0)
+
+
 def test_dangling_calls_are_refused_naming_the_call(tmp_path: Path) -> None:
     """onnx.version_converter drops every function and leaves the calls: check_model
     passes, ORT refuses. outline, inspect, validate and compare say so in one line."""
