@@ -121,6 +121,13 @@ def program_guards_fn(program: torch.export.ExportedProgram,
     return _unlift._convert_guards_code_to_fn(code, paths)
 
 
+def program_guards(program: torch.export.ExportedProgram) -> list[str]:
+    """The conditions torch.export specialized the program under beyond the dimensions'
+    ranges (``(L['x'].size()[1] // 8) == 4``: a ``float(x.shape[1] // 8)`` it made a
+    constant), as ``ExportedProgram.module()`` checks them; [] where this torch keeps none."""
+    return [str(g) for g in getattr(program, "_guards_code", None) or []]
+
+
 def dim_names(program: torch.export.ExportedProgram) -> dict[str, str]:
     """Symbol -> the name of the ``Dim`` it was made for (``s27`` -> ``batch``), read from
     the shape environment of the program's inputs (torch.export names dimensions ``s<N>``

@@ -26,6 +26,7 @@ from onnx_modular.leaves._compat import (
     ExportUserError,
     dims_from_names,
     is_constraint_violation,
+    program_guards,
     quiet_libraries,
     size_oblivious,
     tree_leaves,
@@ -52,6 +53,7 @@ def capture(model: Model, args: ExampleArgs = (), kwargs: ExampleKwargs | None =
     elif not meta_ok:
         require_data(model, rules.UNSUPPORTED_INPUT, Location(module_path=""))
     if isinstance(model, torch.export.ExportedProgram):
+        _warn_unchecked_guards(model, ctx)
         return model
     if not isinstance(model, torch.nn.Module):
         raise fail(rule=rules.UNSUPPORTED_INPUT, reason=(
@@ -68,7 +70,28 @@ def capture(model: Model, args: ExampleArgs = (), kwargs: ExampleKwargs | None =
             f"{_telling_line(e)}")) from e
     check_outputs(program, type(model).__name__)
     _warn_empty_inputs(args, kwargs, ctx)
+    _warn_unchecked_guards(program, ctx)
     return program
+
+
+_BOUND = re.compile(r"^[\w\[\]'.()]+ [<>]=? -?\d+$")  # a range: the file fails outside it
+
+
+def _warn_unchecked_guards(program: torch.export.ExportedProgram,
+                           ctx: DiagnosticContext) -> None:
+    """Conditions torch.export specialized a dynamic program under (``Dim.DYNAMIC`` lets it
+    make ``float(x.shape[1] // 8)`` the constant 4.0, keeping the axis dynamic): torch's
+    program raises where they fail, the ONNX file checks nothing and computes other
+    numbers. A plain bound (``size()[1] <= 64``) is left out: past it the file fails too."""
+    guards = [g.replace("L['", "").replace("']", "") for g in program_guards(program)]
+    guards = [g for g in guards if not _BOUND.match(g)]
+    if guards:
+        ctx.warn(rules.UNSUPPORTED_INPUT, Location(module_path=""), reason=(
+            f"torch.export specialized the program under {'; '.join(guards[:3])}"
+            f"{f' and {len(guards) - 3} more' if len(guards) > 3 else ''}: the file cannot "
+            "check it and computes other numbers than the model where it fails (torch's "
+            "program raises); make that dimension static, or give it a Dim(...) and "
+            "torch.export says what to fix"))
 
 
 def _export(model: torch.nn.Module, args: tuple[Any, ...], kwargs: ExampleKwargs | None,

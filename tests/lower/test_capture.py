@@ -176,3 +176,31 @@ def test_one_string_on_two_different_sizes_names_one_of_them() -> None:
                       dynamic_shapes={"x": {1: "seq"}, "y": {1: "seq"}}).model_proto
     x, y = ([d.dim_param for d in i.type.tensor_type.shape.dim] for i in proto.graph.input)
     assert x[1] == "seq" and y[1] not in ("seq", "")
+
+
+class _ScaledByBlocks(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) * float(x.shape[1] // 8)  # a Python float: torch guards its value
+
+
+@pytest.mark.parametrize("dim", ["seq", torch.export.Dim.DYNAMIC, torch.export.Dim.AUTO])
+def test_a_guard_the_file_cannot_check_is_warned_about(dim: object) -> None:
+    """With Dim.DYNAMIC or a string, torch.export made ``float(seq // 8)`` the constant 4.0
+    under a guard and kept the axis dynamic: the file computed other numbers at seq 16, and
+    nothing said so. A plain bound (BERT's ``seq <= 64``) is no such condition."""
+    ctx = DiagnosticContext()
+    program = capture(_ScaledByBlocks(), (torch.randn(2, 32, 8),),
+                      dynamic_shapes=({0: "batch", 1: dim},), ctx=ctx)
+    assert program.graph_module is not None
+    (warning,) = [d for d in ctx.diagnostics if d.level == Level.WARNING]
+    assert "specialized the program under (x.size()[1] // 8) == 4" in warning.message
+    again = DiagnosticContext()
+    capture(program, ctx=again)  # a program of the user's holds them too
+    assert [d.message for d in again.diagnostics] == [warning.message]
+    bounded = DiagnosticContext()
+    capture(TwoLinear(), (torch.randn(2, 4),), dynamic_shapes=({0: "batch"},), ctx=bounded)
+    assert not [d for d in bounded.diagnostics if d.level == Level.WARNING]
