@@ -49,8 +49,31 @@ def dynamic_shapes(specs: Sequence[str] | None, model: Any, args: tuple[Any, ...
                        "tensor; --dynamic names axes of tensor inputs", rules.BAD_INPUT)
         if shapes[name] is not None:
             raise fail(f"--dynamic {spec}: input '{name}' is given twice", rules.BAD_INPUT)
-        shapes[name] = {_axis(a, tensor, spec, name): dim for a, dim in axes}
+        shapes[name] = {}
+        for a, dim in axes:
+            axis = _axis(a, tensor, spec, name)
+            if axis in shapes[name]:
+                raise fail(f"--dynamic {spec}: axis {a} of '{name}' is named twice",
+                           rules.BAD_INPUT)
+            shapes[name][axis] = dim
+    _refuse_var_keywords(shapes, model, names)
     return shapes
+
+
+def _refuse_var_keywords(shapes: dict[str, Any], model: Any, positional: list[str]) -> None:
+    """Inputs ``forward`` collects in ``**kwargs``: torch.export fails inside on dynamic
+    shapes for such a call (``Must provide a tree_name``), whatever the spec says of them."""
+    forward = model.forward if isinstance(model, torch.nn.Module) else model
+    try:
+        parameters = list(inspect.signature(forward).parameters.values())
+    except (TypeError, ValueError):
+        return
+    named = {p.name for p in parameters if p.kind != p.VAR_KEYWORD}
+    collected = [k for k in shapes if k not in named and k not in positional]
+    if collected and any(p.kind == p.VAR_KEYWORD for p in parameters):
+        raise fail(f"--dynamic: forward collects {', '.join(collected)} in **kwargs, and "
+                   "torch.export takes no dynamic shapes for such a call; name them as "
+                   "parameters of forward, or export without --dynamic", rules.BAD_INPUT)
 
 
 def _parameter_names(model: Any, count: int) -> list[str]:

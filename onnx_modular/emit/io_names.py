@@ -24,7 +24,10 @@ def name_inputs_and_outputs(model: ir.Model, input_names: Sequence[str] | None,
     check_io_names(input_names, output_names)
     _fits(input_names, "input_names", len(graph.inputs), graph)
     _fits(output_names, "output_names", len(graph.outputs), graph)
-    for value, name in zip(graph.inputs, input_names or (), strict=False):
+    named = list(zip(graph.inputs, input_names or (), strict=False))
+    for value, _ in named:  # out of each other's way first: ["y", "x"] swaps two names
+        value.name = f"{value.name}\0"
+    for value, name in named:
         _give(graph, value, name)
     for k, name in enumerate(output_names or ()):
         value = graph.outputs[k]

@@ -145,17 +145,17 @@ class SplitRunner:
         return self._specs[key]
 
     def _ordered_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Keyword inputs in the parts' input order: by the manifest's input names where
+        they name them all (the files' own names: a spec edited or unreadable cannot swap
+        two inputs of a shape), else by the input spec, else the one given, else refused."""
+        declared = [d["name"] for d in self.manifest.get("inputs", [])]
+        if kwargs and set(kwargs) <= set(declared):
+            return dict(sorted(kwargs.items(), key=lambda item: declared.index(item[0])))
         spec = self._spec("in_spec") if kwargs else None
         if spec is not None:
             return ordered_kwargs(kwargs, spec)
         if len(kwargs) < 2:
             return kwargs
-        # No spec to order them by (a manifest without one, or one this torch cannot read):
-        # the inputs' names, or a refusal; the caller's order could swap two inputs of a
-        # shape, and the parts would answer with other numbers than the model
-        declared = [d["name"] for d in self.manifest.get("inputs", [])]
-        if set(kwargs) <= set(declared):
-            return dict(sorted(kwargs.items(), key=lambda item: declared.index(item[0])))
         raise fail(f"'{self.directory / 'manifest.json'}' holds no input structure this "
                    f"torch can read, so keyword inputs cannot be ordered: pass "
                    f"{', '.join(kwargs)} positionally, in the order the model takes them")

@@ -36,6 +36,7 @@ def test_specs_become_named_axes_of_every_input_by_parameter_name() -> None:
     ("ids:0=batch", "takes no input 'ids' (its inputs: input_ids, attention_mask"),
     ("5:0=batch", "takes no input '5'"),
     ("input_ids:2=seq", "input 'input_ids' has 2 axes (shape [2, 8]); there is no axis 2"),
+    ("input_ids:0=batch,-2=b", "axis -2 of 'input_ids' is named twice"),
 ])
 def test_a_bad_spec_is_one_line_naming_it(spec: str, message: str) -> None:
     with pytest.raises(om.OnnxModularError, match=message.replace("[", r"\[")
@@ -50,3 +51,16 @@ def test_an_input_given_twice_or_a_program_is_refused() -> None:
     program = torch.export.export(TwoInputs(), ARGS)
     with pytest.raises(om.OnnxModularError, match="not an ExportedProgram"):
         dynamic_shapes(["0:0=batch"], program, ARGS, {})
+
+
+class _Collects(torch.nn.Module):
+    def forward(self, x: torch.Tensor, **kwargs: torch.Tensor) -> torch.Tensor:
+        return x * kwargs["scale"]
+
+
+def test_inputs_a_var_keyword_collects_are_refused_before_torch_fails_inside() -> None:
+    """torch.export failed with ``Must provide a tree_name`` (or named keys the user never
+    wrote) for any dynamic shapes of such a call."""
+    with pytest.raises(om.OnnxModularError, match=r"forward collects scale in \*\*kwargs"):
+        dynamic_shapes(["x:0=batch"], _Collects(), (torch.ones(2, 3),),
+                       {"scale": torch.tensor(2.0)})

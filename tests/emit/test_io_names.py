@@ -76,3 +76,16 @@ def test_names_that_cannot_name_the_file_are_refused_in_one_line(
     with pytest.raises(om.OnnxModularError, match=message) as error:
         om.export(Named(), (x, y), functions="none", **names)
     assert "\n" not in str(error.value)
+
+
+def test_two_inputs_can_swap_names(model_and_inputs) -> None:
+    """``input_names=["y", "x"]`` was refused: 'y' named the other input, about to be
+    renamed itself (torch.onnx takes it)."""
+    model, (x, y) = model_and_inputs
+    proto = om.export(model, (x, y), functions="none", input_names=["y", "x"]).model_proto
+    assert [v.name for v in proto.graph.input] == ["y", "x"]
+    session = ort.InferenceSession(proto.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    got = session.run(None, {"y": x.numpy(), "x": y.numpy()})  # y is the first input now
+    with torch.no_grad():
+        np.testing.assert_allclose(got[0], model(x, y)[0].numpy(), rtol=1e-5, atol=1e-6)

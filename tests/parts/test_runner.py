@@ -147,6 +147,18 @@ def test_keywords_are_ordered_by_name_where_the_manifest_has_no_usable_spec(
     torch.testing.assert_close(got[0], saved[2][0], rtol=0, atol=1e-5)
 
 
+def test_the_inputs_names_order_keywords_over_an_edited_spec(saved, tmp_path) -> None:
+    """An ``in_spec`` whose keywords were swapped by hand fed each tensor to the other
+    input (|diff| 6.6): the manifest's input names, the files' own, decide."""
+    directory, manifest = _copy(saved, tmp_path)
+    x, bias, scale = saved[1]
+    swapped = _pytree.tree_flatten(((x,), {"scale": scale, "bias": bias}))[1]
+    manifest["in_spec"] = _pytree.treespec_dumps(swapped)
+    _rewrite(directory, manifest)
+    got = SplitRunner(directory, acc_providers="cpu").run(x, bias=bias, scale=scale)
+    torch.testing.assert_close(got[0], saved[2][0], rtol=0, atol=1e-5)
+
+
 def test_keywords_that_neither_spec_nor_names_order_are_refused(saved, tmp_path) -> None:
     directory, manifest = _copy(saved, tmp_path)
     manifest["in_spec"] = "not a tree spec"
