@@ -24,6 +24,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnx_modular.emit.infra import EmitPass
+from onnx_modular.emit.symbolic import by_value
 
 #: Operators of shape arithmetic a size may be computed with.
 SHAPE_ARITHMETIC = frozenset({
@@ -63,8 +64,8 @@ def derive(size: ir.Value, activations: Sequence[tuple[ir.Value, ir.Value]], nam
     for node in cone:
         if node.op_type == "Shape":
             made = _shape_from(node, activations, f"{name}_{len(nodes)}")
-            if made is None:
-                return None
+            if made is None:  # a dimension no activation has: maybe the size's value has
+                return by_value(size, cone, activations, name)
             nodes.extend(made)
             clones[node.outputs[0]] = made[-1].outputs[0]
             continue

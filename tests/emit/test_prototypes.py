@@ -864,6 +864,30 @@ def test_a_caller_reading_a_block_internal_height_takes_it_from_the_blocks_outpu
             np.testing.assert_allclose(got, trained(sample, steps).numpy(), atol=1e-4)
 
 
+@pytest.mark.slow
+def test_a_size_the_root_computes_from_the_input_is_taken_from_a_blocks_own_shape() -> None:
+    """torch.export computed the attention's ``h' * w'`` at the root from the sample's
+    height and width (``((h - 1)//2 + 1) * ...``), which no block below the downsampler
+    sees: AttnDownBlock2D, Attention, the mid and up blocks each took 3 size inputs. By its
+    value it is the product of two dimensions of the block's own activation."""
+    from onnx_modular.check.inspect import input_kinds
+
+    pytest.importorskip("diffusers")
+    torch.manual_seed(0)
+    model, _ = _unet2d()
+    trained = models.trained(model)
+    x, t = torch.randn(2, 3, 16, 16), torch.tensor([10, 500])
+    result = om.export(trained, (x, t), dynamic_shapes=(
+        {0: "batch", 2: "h", 3: "w"}, {0: "batch"}))
+    assert not {f: k for f, k in input_kinds(result.model_proto).items() if "size" in k}
+    session = ort.InferenceSession(result.model_proto.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    for sample, steps in ((x, t), (torch.randn(1, 3, 12, 20), torch.tensor([7]))):
+        (got,) = session.run(None, {"x": sample.numpy(), "t": steps.numpy()})
+        with torch.no_grad():
+            np.testing.assert_allclose(got, trained(sample, steps).numpy(), atol=1e-4)
+
+
 class HalfScaled(nn.Module):
     def __init__(self, a: float) -> None:
         super().__init__()
