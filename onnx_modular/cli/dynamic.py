@@ -63,11 +63,7 @@ def dynamic_shapes(specs: Sequence[str] | None, model: Any, args: tuple[Any, ...
 def _refuse_var_keywords(shapes: dict[str, Any], model: Any, positional: list[str]) -> None:
     """Inputs ``forward`` collects in ``**kwargs``: torch.export fails inside on dynamic
     shapes for such a call (``Must provide a tree_name``), whatever the spec says of them."""
-    forward = model.forward if isinstance(model, torch.nn.Module) else model
-    try:
-        parameters = list(inspect.signature(forward).parameters.values())
-    except (TypeError, ValueError):
-        return
+    parameters = _parameters(model)
     named = {p.name for p in parameters if p.kind != p.VAR_KEYWORD}
     collected = [k for k in shapes if k not in named and k not in positional]
     if collected and any(p.kind == p.VAR_KEYWORD for p in parameters):
@@ -76,14 +72,18 @@ def _refuse_var_keywords(shapes: dict[str, Any], model: Any, positional: list[st
                    "parameters of forward, or export without --dynamic", rules.BAD_INPUT)
 
 
-def _parameter_names(model: Any, count: int) -> list[str]:
-    """The names of the first ``count`` positional parameters of ``forward``."""
+def _parameters(model: Any) -> list[inspect.Parameter]:
+    """The parameters of the model's ``forward`` (none where Python cannot tell)."""
     forward = model.forward if isinstance(model, torch.nn.Module) else model
     try:
-        parameters = list(inspect.signature(forward).parameters.values())
+        return list(inspect.signature(forward).parameters.values())
     except (TypeError, ValueError):
-        parameters = []
-    positional = [p.name for p in parameters
+        return []
+
+
+def _parameter_names(model: Any, count: int) -> list[str]:
+    """The names of the first ``count`` positional parameters of ``forward``."""
+    positional = [p.name for p in _parameters(model)
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     if len(positional) < count:
         raise fail(f"--dynamic names inputs by forward's parameters, and it has "
