@@ -49,66 +49,84 @@ def _dim(dim: object) -> sympy.Expr | None:
     return _parsed(text)
 
 
-def _values(cone: Sequence[ir.Node]) -> dict[ir.Value, list[sympy.Expr]] | None:
+Values = dict[ir.Value, list[sympy.Expr]]
+
+
+def _values(cone: Sequence[ir.Node]) -> Values | None:
     """Each value of ``cone`` (shape arithmetic, producers first) as a list of expressions
     (a scalar: one); None where an op or an operand is beyond this reading."""
-    known: dict[ir.Value, list[sympy.Expr]] = {}
-
-    def of(value: ir.Value | None) -> list[sympy.Expr] | None:
-        if value is None:
-            return None
-        if value in known:
-            return known[value]
-        tensor = value.const_value
-        if tensor is not None and tensor.size <= 64:
-            return [sympy.Integer(int(v)) if float(v).is_integer() else sympy.Float(float(v))
-                    for v in np.asarray(tensor.numpy()).ravel()]
-        return None
-
+    known: Values = {}
     for node in cone:
-        result: list[sympy.Expr] | None
-        if node.op_type == "Constant":
-            tensor = ir.convenience.get_const_tensor(node.outputs[0])
-            result = None if tensor is None else of(ir.Value(const_value=tensor))
-        elif node.op_type == "Shape":
-            source = node.inputs[0]
-            dims = [_dim(d) for d in (source.shape or [])] if source is not None else []
-            start = node.attributes.get_int("start", 0)
-            end = node.attributes.get_int("end", len(dims))
-            result = dims[slice(start, end)]
-            if source is None or source.shape is None or any(d is None for d in result):
-                return None
-        elif node.op_type in _PASS:
-            result = of(node.inputs[0])
-        elif node.op_type in _BINARY and len(node.inputs) == 2:
-            a, b = of(node.inputs[0]), of(node.inputs[1])
-            if a is None or b is None or (len(a) != len(b) and 1 not in (len(a), len(b))):
-                return None
-            n = max(len(a), len(b))
-            result = [_BINARY[node.op_type](a[k if len(a) > 1 else 0], b[k if len(b) > 1 else 0])
-                      for k in range(n)]
-        elif node.op_type in ("Neg", "Abs"):
-            a = of(node.inputs[0])
-            result = None if a is None else [-x if node.op_type == "Neg" else sympy.Abs(x)
-                                             for x in a]
-        elif node.op_type == "Concat":
-            parts = [of(v) for v in node.inputs]
-            result = None if any(p is None for p in parts) else [x for p in parts for x in p]
-        elif node.op_type == "Gather" and node.attributes.get_int("axis", 0) == 0:
-            data, index = of(node.inputs[0]), of(node.inputs[1])
-            result = None if data is None or index is None or len(index) != 1 else \
-                [data[int(index[0])]]
-        elif node.op_type in ("ReduceProd", "ReduceSum") and len(node.inputs) <= 1:
-            a = of(node.inputs[0])
-            result = None if a is None else [sympy.Mul(*a) if node.op_type == "ReduceProd"
-                                             else sympy.Add(*a)]
-        else:
-            result = None
+        result = _evaluated(node, known)
         if result is None:
             return None
         for output in node.outputs:
             known[output] = result
     return known
+
+
+def _operand(value: ir.Value | None, known: Values) -> list[sympy.Expr] | None:
+    """An operand computed earlier in the cone, or a small constant tensor."""
+    if value is None:
+        return None
+    if value in known:
+        return known[value]
+    tensor = value.const_value
+    if tensor is None or tensor.size > 64:
+        return None
+    return [sympy.Integer(int(v)) if float(v).is_integer() else sympy.Float(float(v))
+            for v in np.asarray(tensor.numpy()).ravel()]
+
+
+def _evaluated(node: ir.Node, known: Values) -> list[sympy.Expr] | None:
+    """What ``node`` computes, from its operands' expressions."""
+    operands = [_operand(v, known) for v in node.inputs]
+    if node.op_type == "Constant":
+        tensor = ir.convenience.get_const_tensor(node.outputs[0])
+        return None if tensor is None else _operand(ir.Value(const_value=tensor), known)
+    if node.op_type == "Shape":
+        return _shape_dims(node)
+    if any(o is None for o in operands) or not operands:
+        return None
+    first = operands[0]
+    assert first is not None
+    if node.op_type in _PASS:
+        return first
+    if node.op_type in _BINARY and len(operands) == 2:
+        second = operands[1]
+        assert second is not None
+        return _broadcast(node.op_type, first, second)
+    if node.op_type in ("Neg", "Abs"):
+        return [-x if node.op_type == "Neg" else sympy.Abs(x) for x in first]
+    if node.op_type == "Concat":
+        return [x for o in operands if o is not None for x in o]
+    if node.op_type == "Gather" and node.attributes.get_int("axis", 0) == 0:
+        index = operands[1] if len(operands) == 2 else None
+        return None if index is None or len(index) != 1 else [first[int(index[0])]]
+    if node.op_type in ("ReduceProd", "ReduceSum") and len(operands) == 1:
+        return [sympy.Mul(*first) if node.op_type == "ReduceProd" else sympy.Add(*first)]
+    return None
+
+
+def _broadcast(op: str, first: list[sympy.Expr], second: list[sympy.Expr]
+               ) -> list[sympy.Expr] | None:
+    """``op`` element by element, a one-element side broadcast."""
+    if len(first) != len(second) and 1 not in (len(first), len(second)):
+        return None
+    return [_BINARY[op](first[k if len(first) > 1 else 0], second[k if len(second) > 1 else 0])
+            for k in range(max(len(first), len(second)))]
+
+
+def _shape_dims(node: ir.Node) -> list[sympy.Expr] | None:
+    """``Shape(x)`` (its start and end) as the expressions of x's dimensions."""
+    source = node.inputs[0]
+    if source is None or source.shape is None:
+        return None
+    dims = [_dim(d) for d in source.shape]
+    start = node.attributes.get_int("start", 0)
+    end = node.attributes.get_int("end", len(dims))
+    result = dims[slice(start, end)]
+    return None if any(d is None for d in result) else result  # type: ignore[return-value]
 
 
 def _equal(a: sympy.Expr, b: sympy.Expr) -> bool:
