@@ -75,12 +75,13 @@ def _give(graph: ir.Graph, value: ir.Value, name: str) -> None:
     """``value`` named ``name``; a main-graph value holding it is renamed first."""
     if value.name == name:
         return
-    holder = next((v for v in _main_values(graph) if v.name == name and v is not value), None)
+    values = _main_values(graph)
+    holder = next((v for v in values if v.name == name and v is not value), None)
     if holder is not None and holder.is_graph_input():
         raise fail(f"'{name}' is the name of another input of the model; name that input "
                    "too (input_names=)", rules.BAD_INPUT)
     if holder is not None:
-        taken = {v.name for v in _main_values(graph)}
+        taken = {v.name for v in values}
         suffix = 1
         while f"{name}_{suffix}" in taken:
             suffix += 1
