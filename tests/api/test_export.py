@@ -369,6 +369,7 @@ def test_deterministic_across_processes(tmp_path) -> None:
     assert outputs[0] == outputs[1]
 
 
+@pytest.mark.slow  # over the inner loop's session budget
 def test_misspelt_function_selection_is_reported() -> None:
     """In the diagnostics, and as a Python warning where the caller gave no context (a
     dynamic size torch fixed was a diagnostic alone: nothing told the user)."""

@@ -97,6 +97,7 @@ def _uses(result: om.SplitResult, out: Path) -> list[Callable[[], object]]:
             result.parameters_of, result.shared_parameters, result.region_graphs]
 
 
+@pytest.mark.slow  # over the inner loop's session budget
 @pytest.mark.parametrize("how", ["split", "split_stages", "split_by"])
 def test_every_emission_diagnostic_is_there_when_the_split_returns(tmp_path: Path,
                                                                   how: str) -> None:

@@ -164,6 +164,7 @@ class _Branches(torch.nn.Module):
         return torch.cond(x.sum() > 0, lambda t: t * self.a, lambda t: t + self.b, (x,))
 
 
+@pytest.mark.slow  # over the inner loop's session budget
 def test_an_input_read_only_in_a_branch_is_read_and_unused_is_not_pluralized() -> None:
     class Two(torch.nn.Module):
         def __init__(self) -> None:

@@ -33,6 +33,7 @@ def _translated(program: torch.export.ExportedProgram) -> bytes:
     return ir.to_proto(onnx_program.model).SerializeToString()
 
 
+@pytest.mark.slow  # over the inner loop's session budget
 def test_paying_the_fixed_costs_once_writes_the_same_file(monkeypatch) -> None:
     if _compat._EXPORTER is None:
         pytest.skip("this torch.onnx has no separate export step to patch")
@@ -109,6 +110,7 @@ class _Branching(nn.Module):
         return torch.cond(x.sum() > 0, lambda t: t.sin(), lambda t: t.cos(), (x,))
 
 
+@pytest.mark.slow  # over the inner loop's session budget
 def test_programs_handed_on_hold_plain_graph_modules_compile_can_trace() -> None:
     """torch.export runs inside the window: its programs' submodules (a cond's branches)
     are GraphModules with their code, which torch.compile traces, and a thread exporting

@@ -376,6 +376,7 @@ def test_a_batch_model_is_batched_and_stacked_rows_equal_rows_alone(tmp_path) ->
     np.testing.assert_allclose(got, model(big).detach().numpy(), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow  # over the inner loop's session budget
 def test_batch_dim_names_the_dim_it_was_given_for_not_the_first_axis(tmp_path) -> None:
     """``Dim("batch")`` at axis 1 of a sequence-first model: batch_dim="batch" took the
     first input's first axis (the sequence: torch.export renames both ``s<N>``), trusted what
