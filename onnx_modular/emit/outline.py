@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import onnx_ir as ir
 
@@ -81,6 +81,19 @@ class Selection:
 
     def unmatched(self) -> list[str]:
         return [shown for key, shown in self.wanted.items() if key not in self.matched]
+
+    def uncalled(self, modules: Sequence[tuple[str, str]]) -> dict[str, list[str]]:
+        """Unmatched names -> the paths of ``modules`` ((path, qualified type) of the
+        model) they name: modules the model holds but torch.export recorded no call of."""
+        found: dict[str, list[str]] = {}
+        for key, shown in self.wanted.items():
+            if key in self.matched:
+                continue
+            paths = [path for path, kind in modules
+                     if key in (path, kind, kind.rsplit(".", 1)[-1])]
+            if paths:
+                found[shown] = paths
+        return found
 
 
 def selector(functions: FunctionSelection | None) -> Select | None:

@@ -29,6 +29,7 @@ one :class:`~onnx_ir.passes.Sequential`, so a failure names the step it happened
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection, Sequence
 
 import onnx_ir as ir
 import torch
@@ -75,6 +76,9 @@ class EmitOptions:
     #: symbolic sizes the user declared at 1 or more (``s72``): a computed shape may end
     #: in -1 beside them (:func:`~onnx_modular.emit.sizes.share_unflatten_shapes`)
     nonzero_sizes: frozenset[str] = frozenset()
+    #: the model's modules, (path, qualified type): a ``functions=`` name that matched no
+    #: call but names one of them is explained (its calls ran inside another recorded call)
+    modules: tuple[tuple[str, str], ...] = ()
 
     @property
     def flat(self) -> bool:
@@ -121,25 +125,51 @@ def emit_model(model: ir.Model, chains: Chains, weights: frozenset[str] | set[st
                                              fx_node=repair.fx_node), reason=(
             f"node '{repair.fx_node}' in module '{repair.module_path or '<root>'}': "
             f"{repair.what}"))
-    report_outline(ctx, select, report.outline)
+    recorded = {call.module_path for chain in chains.values() for call in chain}
+    report_outline(ctx, select, report.outline, options.modules, recorded)
     return report
 
 
 def report_outline(ctx: DiagnosticContext, select: Select | None,
-                   outline: OutlineReport | None) -> None:
+                   outline: OutlineReport | None, modules: Sequence[tuple[str, str]] = (),
+                   recorded: Collection[str] = ()) -> None:
     """What outlining made, as diagnostics: a ``functions=`` name that matched nothing (a
-    warning: a misspelt class would leave the model flat), calls with no used output, the
-    count of functions for calls. Shared by the pipeline and ``om.outline``."""
+    warning: a misspelt class would leave the model flat; where the model holds such a
+    module, why it has no call), calls with no used output, the count of functions for
+    calls. Shared by the pipeline and ``om.outline``."""
     if isinstance(select, Selection) and select.unmatched():
         ctx.warn(rules.UNOUTLINED, reason=(
             f"functions={select.unmatched()} matched no module call (by class, class "
-            "name or module path)"))
+            "name or module path)" + _uncalled(select, modules, recorded)))
     if outline is not None:
         for call_id in outline.skipped:
             ctx.note(rules.UNOUTLINED, Location(module_path=call_id),
                      reason=f"module call '{call_id}' has no output used outside it; "
                      "its nodes stay in the parent")
         ctx.note(rules.FUNCTION_SUMMARY, functions=outline.functions, calls=outline.calls)
+
+
+def _uncalled(select: Selection, modules: Sequence[tuple[str, str]],
+              recorded: Collection[str]) -> str:
+    """Why a name the model holds matched no call: torch.export recorded none of its
+    calls (made inside a ``torch.compiler.nested_compile_region``, whose inner calls carry
+    no module of their own, or never made); names the enclosing call that was recorded."""
+    kinds = dict(modules)
+    hints = []
+    for shown, paths in select.uncalled(modules).items():
+        more = f" and {len(paths) - 2} more" if len(paths) > 2 else ""
+        hint = (f"the model holds {shown} ({', '.join(map(repr, paths[:2]))}{more}) but "
+                "torch.export recorded no call of it: it is never called, or only inside a "
+                "torch.compiler.nested_compile_region, whose inner calls have no module of "
+                "their own")
+        parts = paths[0].split(".")
+        outer = next((".".join(parts[:n]) for n in range(len(parts) - 1, 0, -1)
+                      if ".".join(parts[:n]) in recorded), None)
+        if outer is not None:
+            kind = kinds.get(outer, "module").rsplit(".", 1)[-1]
+            hint += f"; to outline the region, select the enclosing {kind} ('{outer}')"
+        hints.append(hint)
+    return "".join(f"; {hint}" for hint in hints)
 
 
 def _steps(options: EmitOptions, chains: Chains, weights: frozenset[str] | set[str],

@@ -427,6 +427,22 @@ def test_blocks_under_nested_compile_region_export_hierarchically() -> None:
 
 
 @pytest.mark.slow
+def test_a_name_only_called_inside_a_compiled_region_says_why_and_what_to_select() -> None:
+    """torch.export records no module call inside a nested_compile_region: "matched no
+    module call" alone read as a misspelling of a class the model holds."""
+    model = torch.nn.Sequential(*[_CompiledRegionBlock() for _ in range(3)]).eval()
+    with pytest.warns(om.OnnxModularWarning) as caught:
+        result = om.export(model, (torch.randn(2, 8),), functions=["LayerNorm", "Linaer"])
+    (message,) = [str(w.message) for w in caught if "matched no module call" in str(w.message)]
+    assert "['LayerNorm', 'Linaer'] matched no module call" in message
+    assert ("the model holds LayerNorm ('0.norm', '1.norm' and 1 more) but torch.export "
+            "recorded no call of it" in message)
+    assert "select the enclosing _CompiledRegionBlock ('0')" in message
+    assert "Linaer (" not in message  # a misspelling the model does not hold gets no hint
+    assert not result.functions
+
+
+@pytest.mark.slow
 def test_dynamic_shapes_torch_guards_against_are_captured_as_torch_onnx_captures() -> None:
     """MobileBERT under a dynamic sequence: torch.export's guard ``seq - 1 != 1`` failed
     the export (torch.onnx, capturing without size specialization, succeeds); now it is
