@@ -137,6 +137,8 @@ class MergeRound(EmitPass):
         if not kept_for:
             kept_for = _merge_unused_outputs(model, self.target, self.signatures)
         if not kept_for:
+            kept_for = _merge_shared_inputs(model, self.target, self.signatures)
+        if not kept_for:
             kept_for = _merge_parametrized(model, self.target, self.signatures)
         self.merged += len(kept_for)
         return ir.passes.PassResult(model, modified=bool(kept_for))
@@ -238,10 +240,7 @@ def _merge_unused_outputs(model: ir.Model, target: dict[int, ir.Function],
     may hold sizes of its own (a Reshape to ``[0, 0, 4, 8]`` of a 32-wide input) that fail
     on this call's input.
     """
-    by_class: dict[tuple[str, str | None], list[ir.Function]] = {}
-    for function in model.functions.values():
-        by_class.setdefault((function.domain, function.doc_string), []).append(function)
-    for functions in by_class.values():
+    for functions in _by_class(model):
         for small in functions:
             key = graph_key(small.graph, signature=False)
             for full in functions:
@@ -259,6 +258,76 @@ def _merge_unused_outputs(model: ir.Model, target: dict[int, ir.Function],
                 _widen_calls(model, small, full, kept)
                 return {small.identifier(): full}
     return {}
+
+
+def _by_class(model: ir.Model) -> list[list[ir.Function]]:
+    by_class: dict[tuple[str, str | None], list[ir.Function]] = {}
+    for function in model.functions.values():
+        by_class.setdefault((function.domain, function.doc_string), []).append(function)
+    return list(by_class.values())
+
+
+def _merge_shared_inputs(model: ir.Model, target: dict[int, ir.Function],
+                         signatures: Signatures) -> dict[ir.OperatorIdentifier, ir.Function]:
+    """A call passing one tensor for two parameters (``layer(h, h)``) reads one value where
+    its siblings read two, so its body was outlined with one input less and looked like a
+    new prototype. Such a function is merged into the function of its class that, with two
+    of its activations taken as one, is the same; its calls pass the tensor twice. Only
+    where the fuller function serves those input shapes (bodies are specialized to them).
+    One merge per round."""
+    for functions in _by_class(model):
+        for small in functions:
+            key = graph_key(small.graph, signature=False)
+            for full in functions:
+                if full is small or len(full.inputs) != len(small.inputs) + 1 \
+                        or len(full.outputs) != len(small.outputs):
+                    continue
+                pair = _inputs_sharing(full, small, key, signatures)
+                if pair is None:
+                    continue
+                target[id(small)] = full
+                signatures.merge(small, full)
+                _drop_value_types(full)
+                del model.functions[small.identifier()]
+                _share_calls(model, small, full, pair)
+                return {small.identifier(): full}
+    return {}
+
+
+def _inputs_sharing(full: ir.Function, small: ir.Function, key: str,
+                    signatures: Signatures) -> tuple[int, int] | None:
+    """``(i, j)``: ``full`` with input ``j`` read as input ``i`` is ``small``'s body, and
+    every input signature ``small`` serves, ``i``'s entry repeated at ``j``, is ``full``'s."""
+    served, theirs = signatures.of(small), signatures.of(full)
+    if None in served or None in theirs:
+        return None
+    for i, j in itertools.combinations(range(len(full.inputs)), 2):
+        if any((*sig[:j], sig[i], *sig[j:]) not in theirs  # type: ignore[index]
+               for sig in served):
+            continue
+        joined = ir.serde.deserialize_function(ir.serde.serialize_function(full))
+        dropped = joined.inputs[j]
+        dropped.replace_all_uses_with(joined.inputs[i])
+        joined.inputs.pop(j)
+        if graph_key(joined.graph, signature=False) == key:
+            return i, j
+    return None
+
+
+def _share_calls(model: ir.Model, small: ir.Function, full: ir.Function,
+                 pair: tuple[int, int]) -> None:
+    """Every call of ``small`` becomes a call of ``full`` passing its input ``i`` at ``j``
+    too."""
+    i, j = pair
+    for node in all_nodes(model):
+        if node.op_identifier() != small.identifier():
+            continue
+        inputs = list(node.inputs)
+        inputs.insert(j, inputs[i])
+        node.resize_inputs(len(inputs))
+        for k, value in enumerate(inputs):
+            node.replace_input_with(k, value)
+        node.domain, node.op_type = full.domain, full.name
 
 
 def _outputs_matching(full: ir.Function, small: ir.Function,

@@ -442,6 +442,37 @@ def test_a_name_only_called_inside_a_compiled_region_says_why_and_what_to_select
     assert not result.functions
 
 
+class _Gated(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.a(x) * torch.sigmoid(self.b(y))
+
+
+class _GatedStack(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList([_Gated() for _ in range(3)])
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        h = self.layers[0](x, y)
+        h = self.layers[1](h, h)  # one tensor for both parameters
+        return self.layers[2](h, y)
+
+
+@pytest.mark.slow
+def test_a_layer_given_one_tensor_for_two_parameters_calls_the_layer_function() -> None:
+    model, args = _GatedStack().eval(), (torch.randn(2, 8), torch.randn(2, 8))
+    result = om.export(model, args, functions=["_Gated"])
+    (gated,) = result.functions
+    assert gated.calls == ("layers.0", "layers.1", "layers.2")
+    call = [n for n in result.model_proto.graph.node if n.op_type == "_Gated"][1]
+    assert call.input[0] == call.input[3]
+    assert om.validate(model, args, result, providers=["cpu"]).ok
+
+
 @pytest.mark.slow
 def test_dynamic_shapes_torch_guards_against_are_captured_as_torch_onnx_captures() -> None:
     """MobileBERT under a dynamic sequence: torch.export's guard ``seq - 1 != 1`` failed

@@ -148,3 +148,49 @@ def test_equal_scalars_in_those_places_still_merge(in_branch: bool) -> None:
     m = _scale_model([2.0, 2.0], in_branch=in_branch)
     assert merge_equal_functions(m) == 1
     assert [float(g[0]) for g in _outputs(m)] == [2.0, 2.0]
+
+
+def _gated(name: str, shared: bool, second_op: str = "Sigmoid") -> ir.Function:
+    """``a * second_op(b)`` of class pkg.Block; ``shared``: one input read as ``a`` and
+    ``b`` (the body outlined for a call ``block(h, h)``)."""
+    a = value("a")
+    b = a if shared else value("b")
+    gate = ir.node(second_op, [b])
+    mul = ir.node("Mul", [a, gate.outputs[0]])
+    graph = ir.Graph([a] if shared else [a, b], mul.outputs, nodes=[gate, mul],
+                     opset_imports={"": 18}, name=name)
+    f = ir.Function("pkg", name, graph=graph, attributes=[])
+    f.doc_string = "pkg.Block"
+    return f
+
+
+def _two_calls(full: ir.Function, small: ir.Function) -> ir.Model:
+    """``full(x, y)`` then ``small(h)`` on its result."""
+    x, y = value("x"), value("y")
+    first = ir.node(full.name, [x, y], domain="pkg", name="call_0")
+    second = ir.node(small.name, [first.outputs[0]], domain="pkg", name="call_1")
+    out = second.outputs[0]
+    out.name, out.type, out.shape = "out", ir.TensorType(ir.DataType.FLOAT), ir.Shape((2, 4))
+    return model([x, y], [out], [first, second], functions=[full, small],
+                 opsets={"": 18, "pkg": 1})
+
+
+def test_a_call_passing_one_tensor_twice_shares_its_class_function() -> None:
+    """``layer(h, h)`` read one value where its siblings read two: its body had one input
+    less and was a function of its own (differs_from said only '5 inputs (vs 6)')."""
+    x, y = (np.random.default_rng(i).standard_normal((2, 4)).astype(np.float32)
+            for i in (1, 2))
+    m = _two_calls(_gated("Block", shared=False), _gated("Block_1", shared=True))
+    assert merge_equal_functions(m) == 1
+    assert [f.name for f in m.functions.values()] == ["Block"]
+    second = list(m.graph)[1]
+    assert second.op_type == "Block" and second.inputs[0] is second.inputs[1]
+    h = x / (1 + np.exp(-y))
+    np.testing.assert_allclose(run(m, x=x, y=y)[0], h / (1 + np.exp(-h)), rtol=1e-6)
+
+
+def test_a_body_that_is_not_the_fuller_one_with_two_inputs_shared_stays_apart() -> None:
+    m = _two_calls(_gated("Block", shared=False),
+                   _gated("Block_1", shared=True, second_op="Tanh"))
+    assert merge_equal_functions(m) == 0
+    assert len(m.functions) == 2
