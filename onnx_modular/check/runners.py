@@ -53,6 +53,9 @@ class Outputs:
 
     values: list[Any]
     seconds: float
+    #: torch's outputs with the Python numbers among them as 0-d tensors (a size the model
+    #: returns, ``x.shape[1]``, is an output of a dynamic export); None where it has none
+    with_numbers: list[Any] | None = None
 
 
 class Runner(Protocol):
@@ -115,8 +118,12 @@ class TorchRunner:
         no submodules to watch: a plain callable, a program that cannot be modularized)."""
         start = time.perf_counter()
         with bound_weights(self.model, self.weights):
-            values, calls = self._eager(inputs, record)
-        return Outputs(values, time.perf_counter() - start), calls
+            leaves, calls = self._eager(inputs, record)
+        values = [t for t in leaves if isinstance(t, torch.Tensor)]
+        numbers = [t if isinstance(t, torch.Tensor) else torch.tensor(t) for t in leaves
+                   if isinstance(t, (torch.Tensor, bool, int, float))]
+        return Outputs(values, time.perf_counter() - start,
+                       numbers if len(numbers) > len(values) else None), calls
 
     def _target(self, record: bool) -> tuple[Any, bool, bool]:
         """(what to call, whether it is modularized, whether to record)."""
@@ -134,8 +141,8 @@ class TorchRunner:
                 pass
         return model.module(), False, False
 
-    def _eager(self, inputs: Inputs, record: bool
-               ) -> tuple[list[torch.Tensor], list[TorchCall] | None]:
+    def _eager(self, inputs: Inputs, record: bool) -> tuple[list[Any], list[TorchCall] | None]:
+        """The flat outputs (every leaf) and the calls recorded."""
         target, modularized, record = self._target(record)
         args, kwargs = snapshot(inputs.args), snapshot(inputs.kwargs)
         calls = None
@@ -151,7 +158,7 @@ class TorchRunner:
             except Exception as exc:
                 raise fail(f"the torch model failed on the given inputs: "
                            f"{type(exc).__name__}: {runtime.first_line(exc)}") from exc
-        return [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)], calls
+        return list(tree_leaves(out)), calls
 
 
 _Closing = TypeVar("_Closing", bound="_ClosedOnExit")

@@ -43,6 +43,7 @@ from onnx_modular.check.overlay import node_data
 from onnx_modular.check.recorder import TorchCall
 from onnx_modular.check.runners import (
     Inputs,
+    Outputs,
     PartsRunner,
     SessionRunner,
     TorchModel,
@@ -199,10 +200,10 @@ class Validation:
                        rules.VALIDATION)
         names = [o["name"] for o in load_manifest(directory)["outputs"]]
         expected = reference.run(self._inputs)
-        check_pairing(expected.values, len(names), str(directory))
+        paired = check_pairing(expected, len(names), str(directory))
         results, skipped = check_providers(
             lambda provider: PartsRunner.open(directory, provider), names, self._inputs,
-            expected.values, self.options)
+            paired, self.options)
         return ValidationReport(str(directory), results, expected.seconds, skipped=skipped)
 
     def _run_model(self, reference: TorchRunner) -> ValidationReport:
@@ -211,8 +212,8 @@ class Validation:
         assert loaded is not None
         expected, calls = reference.run_recording(self._inputs,
                                                   record=options.always_localize)
-        check_pairing(expected.values, len(loaded.proto.graph.output),
-                      f"ONNX model {loaded.label}")
+        paired = check_pairing(expected, len(loaded.proto.graph.output),
+                               f"ONNX model {loaded.label}")
         source = loaded.session_source()  # serialized once, before the probe's thread reads it
         # Asked for up front, the probe is built while the plain session is; not for a large
         # model (memory over speed: its sessions come one at a time, weights mapped)
@@ -222,8 +223,7 @@ class Validation:
         try:
             results, skipped = check_providers(
                 lambda provider: SessionRunner.open(loaded, provider, source),
-                [o.name for o in loaded.proto.graph.output], self._inputs, expected.values,
-                options)
+                [o.name for o in loaded.proto.graph.output], self._inputs, paired, options)
             report = ValidationReport(loaded.label, results, expected.seconds, skipped=skipped)
             failing = [r.provider for r in results if not r.ok]
             provider = failing[0] if failing else results[-1].provider if results else None
@@ -335,8 +335,14 @@ def parts_directory(onnx_model: object) -> Path | None:
         return None
 
 
-def check_pairing(expected: list[torch.Tensor], outputs: int, label: str) -> None:
-    """Torch's outputs must be something to compare, one per ONNX output."""
+def check_pairing(outputs_of_torch: Outputs, outputs: int, label: str) -> list[torch.Tensor]:
+    """Torch's outputs must be something to compare, one per ONNX output: its tensors, or,
+    where the file has more outputs, its tensors and the numbers it returns (a size
+    ``x.shape[1]`` is an output of a dynamic export). Returns those paired."""
+    expected = outputs_of_torch.values
+    numbers = outputs_of_torch.with_numbers
+    if len(expected) != outputs and numbers is not None and len(numbers) == outputs:
+        expected = numbers
     if expected and all(t.numel() == 0 for t in expected):
         raise fail(f"every output of the torch model is empty (shapes "
                    f"{', '.join(str(list(t.shape)) for t in expected)}) on these inputs: "
@@ -346,6 +352,7 @@ def check_pairing(expected: list[torch.Tensor], outputs: int, label: str) -> Non
         raise fail(f"torch returns {len(expected)} tensor(s) but {label} "
                    f"has {outputs} output(s); they cannot be paired",
                    rules.VALIDATION)
+    return expected
 
 
 def check_providers(open_runner: Callable[[str], SessionRunner | PartsRunner],

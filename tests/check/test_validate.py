@@ -550,3 +550,30 @@ def test_validating_leaves_the_models_buffers_as_they_were() -> None:
     # a file holding other buffer values is still told apart
     model.stat.mean.fill_(1.0)
     assert not om.validate(model, args, proto, providers="cpu").ok
+
+
+class _WithSize(nn.Module):
+    """Returns a size beside its tensor: a dynamic export writes it as an output."""
+
+    def __init__(self, axis: int) -> None:
+        super().__init__()
+        self.fc, self.axis = nn.Linear(8, 8), axis
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        return self.fc(x), x.shape[self.axis]
+
+
+@pytest.mark.slow
+def test_a_size_the_model_returns_is_paired_with_its_output_and_checked(tmp_path):
+    """The file om.export wrote had 2 outputs where torch returned 1 tensor (and an int):
+    validate refused it ("they cannot be paired")."""
+    torch.manual_seed(0)
+    model, x = _WithSize(1).eval(), torch.randn(2, 5, 8)
+    shapes = ({0: torch.export.Dim("batch", max=64), 1: torch.export.Dim("seq", max=64)},)
+    right = om.export(model, (x,), dynamic_shapes=shapes)
+    assert len(right.model_proto.graph.output) == 2
+    assert om.validate(model, (x,), right, providers=["cpu"]).ok
+    other = _WithSize(0).eval()  # the batch size (2) where torch returns the sequence's (5)
+    other.load_state_dict(model.state_dict())
+    wrong = om.export(other, (x,), dynamic_shapes=shapes)
+    assert not om.validate(model, (x,), wrong, providers=["cpu"]).ok
