@@ -13,7 +13,6 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes.common
-import onnxscript.optimizer
 
 from onnx_modular.emit.hold import hold_varying_inputs, release
 from onnx_modular.emit.infra import Chains, EmitPass
@@ -22,7 +21,7 @@ from onnx_modular.emit.walk import all_nodes, graphs
 from onnx_modular.leaves._compat import (
     FOLDING_LOGGER,
     fold_constants_pass,
-    optimize_ir_avoiding,
+    optimize_ir_keeping_calls,
     quiet_loggers,
 )
 from onnx_modular.leaves._weights import StridedTensor
@@ -173,10 +172,7 @@ def optimize(model: ir.Model, avoid: frozenset[str] = frozenset()) -> None:
     must not come back as the Clip the user kept off the accelerator).
     """
     with _quiet_folding():
-        if avoid:
-            optimize_ir_avoiding(model, avoid)
-        else:
-            onnxscript.optimizer.optimize_ir(model, inline=False)
+        optimize_ir_keeping_calls(model, avoid)
     if collapse_reshapes(model):
         ir.passes.common.RemoveUnusedNodesPass()(model)
     plain_reshapes(model)

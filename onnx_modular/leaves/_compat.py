@@ -608,17 +608,44 @@ class _AvoidingRule:
         return f"Avoiding({self._rule!r}, {sorted(self._avoid)})"
 
 
-def optimize_ir_avoiding(model: ir.Model, avoid: frozenset[str]) -> None:
-    """``onnxscript.optimizer.optimize_ir(model, inline=False)`` whose rewrite rules never
-    make a node of an op type in ``avoid`` (a rule that would is skipped at that match).
+def _keeping_calls_apart(cse: Any) -> Any:
+    """onnx_ir's common-subexpression pass, made to leave local-function calls alone: two
+    module calls on one input (``a(x)``, ``b(x)`` of one weightless class) are two calls, as
+    the model made them, not one call read twice. Each call carries a distinct temporary
+    attribute while the pass runs, so no two compare equal."""
 
-    The pass list mirrors onnxscript 0.7's ``optimize_ir``; only the rule set differs.
+    class KeepingCallsApart(cse):  # type: ignore[misc, valid-type]
+        def call(self, model: ir.Model) -> Any:
+            calls = [node for node in model.graph if node.op_identifier() in model.functions]
+            for k, node in enumerate(calls):
+                node.attributes[_CALL_TAG] = ir.AttrInt64(_CALL_TAG, k)
+            try:
+                return super().call(model)
+            finally:
+                for node in calls:
+                    node.attributes.pop(_CALL_TAG, None)
+
+    return KeepingCallsApart()
+
+
+_CALL_TAG = "_onnx_modular_call"
+
+
+def optimize_ir_keeping_calls(model: ir.Model, avoid: frozenset[str] = frozenset()) -> None:
+    """``onnxscript.optimizer.optimize_ir(model, inline=False)``, whose common-subexpression
+    step keeps every module call (:func:`_keeping_calls_apart`) and whose rewrite rules
+    never make a node of an op type in ``avoid`` (a rule that would is skipped at that match).
+
+    The pass list mirrors onnxscript's ``optimize_ir`` (0.6.2 to 0.7); only those differ.
     """
     import onnxscript.rewriter as rewriter
     from onnx_ir.passes import common as common_passes
     from onnxscript.optimizer import _constant_folding as folding
 
-    rules = [_AvoidingRule(r, avoid) for r in rewriter._DEFAULT_REWRITE_RULES]
+    rules: Any = rewriter._DEFAULT_REWRITE_RULES
+    if avoid:
+        rules = rewriter.pattern.RewriteRuleSet(
+            [_AvoidingRule(r, avoid) for r in rules])  # type: ignore[misc]
     passes = [
         ir.passes.PassManager([
             folding.FoldConstantsPass(
@@ -626,7 +653,7 @@ def optimize_ir_avoiding(model: ir.Model, avoid: frozenset[str]) -> None:
                 input_size_limit=folding.DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT,
                 output_size_limit=folding.DEFAULT_CONSTANT_FOLD_OUTPUT_SIZE_LIMIT,
                 should_fold=lambda node: None),
-            rewriter.RewritePass(rewriter.pattern.RewriteRuleSet(rules)),  # type: ignore[arg-type]
+            rewriter.RewritePass(rules),
             common_passes.RemoveUnusedNodesPass(),
             common_passes.RemoveUnusedFunctionsPass(),
             common_passes.RemoveUnusedOpsetsPass(),
@@ -635,7 +662,7 @@ def optimize_ir_avoiding(model: ir.Model, avoid: frozenset[str]) -> None:
         common_passes.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0),
         common_passes.LiftSubgraphInitializersToMainGraphPass(),
         common_passes.DeduplicateInitializersPass(),
-        common_passes.CommonSubexpressionEliminationPass(),
+        _keeping_calls_apart(common_passes.CommonSubexpressionEliminationPass),
         common_passes.OutputFixPass(),
         common_passes.NameFixPass(),
     ]

@@ -249,6 +249,27 @@ def test_optimize_removes_dead_code_and_unused_weights() -> None:
     np.testing.assert_allclose(run(m, x=X)[0], expected, rtol=1e-6)
 
 
+def test_two_module_calls_on_one_input_stay_two_calls_and_other_nodes_are_shared() -> None:
+    """The optimizer's common-subexpression step made ``a(x)`` and ``b(x)`` of one
+    weightless class one call read twice: the file lost module ``b``'s call."""
+    x = value("x")
+    act = function("Act", ["Tanh"])
+    a = ir.node("Act", [x], domain="pkg", name="a")
+    b = ir.node("Act", [x], domain="pkg", name="b")
+    n1, n2 = fx("Neg", [x], "n1"), fx("Neg", [x], "n2")
+    add = fx("Add", [a.outputs[0], b.outputs[0]], "s")
+    out = fx("Add", [add.outputs[0], n1.outputs[0]], "t")
+    tail = fx("Add", [out.outputs[0], n2.outputs[0]], "y")
+    m = model([x], tail.outputs, [a, b, n1, n2, add, out, tail], functions=[act],
+              opsets={"": OPSET, "pkg": 1})
+    expected = 2 * np.tanh(X) - 2 * X
+    optimize(m)
+    assert [n.name for n in m.graph if n.op_type == "Act"] == ["a", "b"]
+    assert all(not n.attributes for n in m.graph if n.op_type == "Act")  # tag removed
+    assert [n.op_type for n in m.graph].count("Neg") == 1  # other nodes still shared
+    np.testing.assert_allclose(run(m, x=X)[0], expected, rtol=1e-6, atol=1e-6)
+
+
 def test_remove_unused_initializers_keeps_graph_outputs() -> None:
     x, w, out = value("x"), weight("w"), weight("returned", seed=2)
     y = fx("MatMul", [x, w], "y")

@@ -149,7 +149,7 @@ def test_a_denied_op_that_gets_through_is_a_clear_error(monkeypatch) -> None:
 
     from onnx_modular.emit import optimize as emit_optimize
 
-    monkeypatch.setattr(emit_optimize, "optimize_ir_avoiding",
+    monkeypatch.setattr(emit_optimize, "optimize_ir_keeping_calls",
                         lambda model, avoid: onnxscript.optimizer.optimize_ir(model,
                                                                               inline=False))
     ctx = om.DiagnosticContext()
