@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -78,6 +79,26 @@ def check_tolerances(rtol: Any, atol: Any) -> None:
             raise fail(f"{name} must be a number, got {type(value).__name__} {value!r:.40}")
         if not math.isfinite(value) or value < 0:
             raise fail(f"{name} must be a finite number >= 0, got {value}")
+
+
+#: Float types a model may compute in below its outputs' precision (a float32 mean of fp16
+#: activations): such an output is judged with their tolerances. Float8 is left out: its
+#: tolerances would hide real errors of a float32 output.
+_LOW_PRECISION = ("bfloat16", "float16")
+
+
+def least_precise_float(protos: Iterable[onnx.ModelProto]) -> str | None:
+    """``float16`` or ``bfloat16`` where the models hold such values (inputs, weights,
+    recorded intermediate types, function bodies'), the less precise first; else None."""
+    seen: set[int] = set()
+    for proto in protos:
+        graph = proto.graph
+        seen.update(t.data_type for t in graph.initializer)
+        for info in (*graph.input, *graph.output, *graph.value_info,
+                     *(v for f in proto.functions for v in f.value_info)):
+            seen.add(info.type.tensor_type.elem_type)
+    names = {onnx_elem_name(t) for t in seen if t}
+    return next((name for name in _LOW_PRECISION if name in names), None)
 
 
 def tolerances_for(dtype_name: str, rtol: float | None, atol: float | None) -> tuple[float, float]:
@@ -300,17 +321,23 @@ class ValueCheck:
 
 
 def check_value(actual: Any, expected: Any, rtol: float | None, atol: float | None, *,
-                reference: str = "", same_dtype: bool = True) -> ValueCheck:
+                reference: str = "", same_dtype: bool = True,
+                computed_in: str | None = None) -> ValueCheck:
     """``actual`` against ``expected`` (tensors or arrays) within the tolerances of
     ``expected``'s dtype (``rtol``/``atol`` override them for floats).
 
     With ``same_dtype``, values that are close but of another dtype fail, with a note
     naming both (``reference`` labels the expected side, e.g. "torch "): an output that
     changed dtype is a wrong export even when its numbers agree. Localization compares
-    intermediate values, where only the numbers count, without it.
+    intermediate values, where only the numbers count, without it. ``computed_in``: a
+    less precise float type the model computes in (:func:`least_precise_float`); a float
+    output is judged at least at its tolerances.
     """
     dtype = dtype_name(expected)
     r, a = tolerances_for(dtype, rtol, atol)
+    if computed_in is not None and is_float(dtype):
+        low_r, low_a = tolerances_for(computed_in, rtol, atol)
+        r, a = max(r, low_r), max(a, low_a)
     d = diff(to_numpy(actual), to_numpy(expected), r, a)
     got = dtype_name(actual)
     if same_dtype and got != dtype and d.ok:

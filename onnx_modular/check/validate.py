@@ -24,19 +24,20 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import numpy as np
+import onnx
 import torch
 
 from onnx_modular.check.extract import Extraction, extract
 from onnx_modular.check.inputs import as_args, bind_inputs, leaves
 from onnx_modular.check.judge import Localization
 from onnx_modular.check.localize import ProbeInAdvance, ValidationRun, localize
-from onnx_modular.check.numerics import check_value
+from onnx_modular.check.numerics import check_value, least_precise_float
 from onnx_modular.check.options import CheckOptions, ProviderPlan, Tolerances
 from onnx_modular.check.outcome import OutputCheck, ProviderResult
 from onnx_modular.check.overlay import node_data
@@ -57,7 +58,7 @@ from onnx_modular.leaves._log import timed
 from onnx_modular.leaves._util import gc_paused
 from onnx_modular.leaves.arguments import ExampleArgs, ExampleKwargs
 from onnx_modular.leaves.errors import fail, rules
-from onnx_modular.parts.manifest import MANIFEST, load_manifest
+from onnx_modular.parts.manifest import MANIFEST, inside_directory, load_manifest
 
 __all__ = ["CheckOptions", "Validation", "ValidationReport", "parts_directory", "validate"]
 
@@ -203,7 +204,7 @@ class Validation:
         paired = check_pairing(expected, len(names), str(directory))
         results, skipped = check_providers(
             lambda provider: PartsRunner.open(directory, provider), names, self._inputs,
-            paired, self.options)
+            paired, self.options, least_precise_float(_part_protos(directory)))
         return ValidationReport(str(directory), results, expected.seconds, skipped=skipped)
 
     def _run_model(self, reference: TorchRunner) -> ValidationReport:
@@ -223,7 +224,8 @@ class Validation:
         try:
             results, skipped = check_providers(
                 lambda provider: SessionRunner.open(loaded, provider, source),
-                [o.name for o in loaded.proto.graph.output], self._inputs, paired, options)
+                [o.name for o in loaded.proto.graph.output], self._inputs, paired, options,
+                least_precise_float([loaded.proto]))
             report = ValidationReport(loaded.label, results, expected.seconds, skipped=skipped)
             failing = [r.provider for r in results if not r.ok]
             provider = failing[0] if failing else results[-1].provider if results else None
@@ -357,10 +359,12 @@ def check_pairing(outputs_of_torch: Outputs, outputs: int, label: str) -> list[t
 
 def check_providers(open_runner: Callable[[str], SessionRunner | PartsRunner],
                     output_names: list[str], inputs: Inputs, expected: list[torch.Tensor],
-                    options: CheckOptions) -> tuple[list[ProviderResult], dict[str, str]]:
+                    options: CheckOptions, computed_in: str | None = None
+                    ) -> tuple[list[ProviderResult], dict[str, str]]:
     """Every output on each provider of ``options.plan``, one runner (its sessions made by
     ``open_runner``) at a time; and the providers skipped, each with why (a default one
-    this onnxruntime lacks, or one that cannot start)."""
+    this onnxruntime lacks, or one that cannot start). ``computed_in``: a float16/bfloat16
+    the model computes in; float outputs are judged at least at its tolerances."""
     plan: ProviderPlan = options.plan
     results: list[ProviderResult] = []
     skipped = dict(plan.unavailable)
@@ -376,13 +380,21 @@ def check_providers(open_runner: Callable[[str], SessionRunner | PartsRunner],
             continue
         with session:  # its copy of the weights goes before the next session's comes
             actual = session.run(inputs)
-        checks = [_check(name, a, e, options.tolerances)
+        checks = [_check(name, a, e, options.tolerances, computed_in)
                   for name, a, e in zip(output_names, actual.values, expected, strict=True)]
         results.append(ProviderResult(provider, checks, session.session_s, actual.seconds))
     return results, skipped
 
 
 def _check(name: str, actual: np.ndarray, expected: torch.Tensor,
-           tolerances: Tolerances) -> OutputCheck:
-    c = check_value(actual, expected, tolerances.rtol, tolerances.atol, reference="torch ")
+           tolerances: Tolerances, computed_in: str | None) -> OutputCheck:
+    c = check_value(actual, expected, tolerances.rtol, tolerances.atol, reference="torch ",
+                    computed_in=computed_in)
     return OutputCheck.of(name, list(expected.shape), c)
+
+
+def _part_protos(directory: Path) -> Iterator[onnx.ModelProto]:
+    """Each part's model of a parts directory, its weights left on disk."""
+    for part in load_manifest(directory)["parts"]:
+        file = inside_directory(directory, part["file"], f"part '{part['name']}'")
+        yield onnx.load(str(file), load_external_data=False)

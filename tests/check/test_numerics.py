@@ -22,6 +22,7 @@ from onnx_modular.check.numerics import (
     integer_errors,
     is_float,
     json_float,
+    least_precise_float,
     onnx_elem_name,
     to_numpy,
     tolerances_for,
@@ -112,6 +113,37 @@ def test_tolerances_by_dtype() -> None:
     assert tolerances_for("bool", None, None) == (0.0, 0.0)
     assert tolerances_for("float8_e8m0fnu", None, None) == OTHER_FLOAT_TOLERANCES
     assert is_float("complex64") and is_float("bfloat16") and not is_float("int8")
+
+
+def _model_of(*elem_types: int) -> onnx.ModelProto:
+    h = onnx.helper
+    inputs = [h.make_tensor_value_info(f"x{i}", t, [2]) for i, t in enumerate(elem_types)]
+    node = h.make_node("Identity", ["x0"], ["y"])
+    graph = h.make_graph([node], "g", inputs, [h.make_tensor_value_info("y", elem_types[0],
+                                                                        [2])])
+    return h.make_model(graph)
+
+
+def test_the_least_precise_float_a_model_computes_in() -> None:
+    f16, bf16, f32, i64 = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
+                           onnx.TensorProto.FLOAT, onnx.TensorProto.INT64)
+    assert least_precise_float([_model_of(f32, i64)]) is None
+    assert least_precise_float([_model_of(f32, f16)]) == "float16"
+    assert least_precise_float([_model_of(f32), _model_of(f16, bf16)]) == "bfloat16"
+    assert least_precise_float([_model_of(f32, onnx.TensorProto.FLOAT8E4M3FN)]) is None
+
+
+def test_a_float32_output_of_a_float16_model_is_judged_at_float16_tolerances() -> None:
+    """A float32 mean of fp16 activations (2.9e-4 off) failed at float32's 1e-4."""
+    expected = torch.tensor([0.5, -0.25])
+    actual = np.array([0.5003, -0.25], np.float32)
+    assert not check_value(actual, expected, None, None).ok
+    judged = check_value(actual, expected, None, None, computed_in="float16")
+    assert judged.ok and (judged.rtol, judged.atol) == DEFAULT_TOLERANCES["float16"]
+    assert not check_value(actual + 0.01, expected, None, None, computed_in="float16").ok
+    assert not check_value(actual, expected, 1e-5, 1e-5, computed_in="float16").ok  # user's
+    ints = check_value(np.array([3]), torch.tensor([3]), None, None, computed_in="float16")
+    assert (ints.rtol, ints.atol) == (0.0, 0.0)
 
 
 @pytest.mark.parametrize(("rtol", "atol"), [(NAN, None), (None, -1.0), (INF, None),
