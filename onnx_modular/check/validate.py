@@ -395,6 +395,6 @@ def _check(name: str, actual: np.ndarray, expected: torch.Tensor,
 
 def _part_protos(directory: Path) -> Iterator[onnx.ModelProto]:
     """Each part's model of a parts directory, its weights left on disk."""
-    for part in load_manifest(directory)["parts"]:
+    for part in load_manifest(directory)["regions"]:
         file = inside_directory(directory, part["file"], f"part '{part['name']}'")
         yield onnx.load(str(file), load_external_data=False)
