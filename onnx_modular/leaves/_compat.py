@@ -194,7 +194,8 @@ def dims_from_names(dynamic_shapes: Any) -> Any:
 def names_of_axes(inputs: Sequence[Any], dynamic_shapes: Any) -> dict[str, str]:
     """Symbol -> the string the user named its input axis with in ``dynamic_shapes``, read
     from the ONNX graph's inputs in order, as torch.onnx renames them (``Dim``\\ s are named
-    by :func:`dim_names`); a name given to two symbols names the first only, so the file
+    by :func:`dim_names`); a name given to two symbols torch keeps apart (it could not prove
+    them equal) names the first, the others ``<name>_2``, ``<name>_3``..., so the file
     never says two sizes are one. Empty where the inputs and the shapes do not pair up."""
     from torch.onnx._internal.exporter import _dynamic_shapes
 
@@ -209,8 +210,13 @@ def names_of_axes(inputs: Sequence[Any], dynamic_shapes: Any) -> dict[str, str]:
             return {}
     named: dict[str, str] = {}
     for symbol, name in mapping.items():
-        if name in strings and name not in named.values():
-            named[symbol] = name
+        if name not in strings:
+            continue
+        unique, k = name, 1
+        while unique in named.values() or (k > 1 and unique in strings):
+            k += 1
+            unique = f"{name}_{k}"
+        named[symbol] = unique
     return named
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from models import TwoLinear
@@ -128,6 +130,26 @@ def test_dimensions_named_by_strings_are_dynamic_and_name_the_files_axes() -> No
                                    providers=["CPUExecutionProvider"])
     got = session.run(None, {"x": other[0].numpy(), "mask": other[1].numpy()})[0]
     np.testing.assert_allclose(got, _Masked()(*other).numpy(), atol=1e-6)
+
+
+class _SlicedMask(nn.Module):
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return x * mask[:, : x.shape[1]]
+
+
+def test_axes_of_one_name_torch_keeps_apart_get_names_of_their_own() -> None:
+    """The mask may be longer than x: torch keeps two symbols under the one name "seq";
+    the mask's axis kept torch's own symbol (``s43``)."""
+    import onnx_modular as om
+
+    x, mask = torch.randn(2, 6), torch.ones(2, 8)
+    shapes = {"x": {0: "batch", 1: "seq"}, "mask": {0: "batch", 1: "seq"}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the guard seq <= seq_2 the file cannot check
+        proto = om.export(_SlicedMask(), (x, mask), dynamic_shapes=shapes).model_proto
+    dims = [[d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim]
+            for i in proto.graph.input]
+    assert dims == [["batch", "seq"], ["batch", "seq_2"]]
 
 
 @pytest.mark.slow
