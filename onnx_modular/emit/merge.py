@@ -9,9 +9,10 @@ float scalars (:mod:`.parametrize`).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import onnx_ir as ir
 
@@ -110,8 +111,14 @@ class Signatures:
         entry = self._served.get(id(function))
         return entry[1] if entry is not None and entry[0] is function else {None}
 
-    def merge(self, gone: ir.Function, kept: ir.Function) -> None:
-        self._served[id(kept)] = (kept, self.of(kept) | self.of(gone))
+    def merge(self, gone: ir.Function, kept: ir.Function,
+              widen: Callable[[Signature], Signature] | None = None) -> None:
+        """``kept`` serves ``gone``'s signatures too (each through ``widen``: ``gone``'s
+        calls pass more inputs to ``kept``)."""
+        served = self.of(gone)
+        if widen is not None:
+            served = {None if sig is None else widen(sig) for sig in served}
+        self._served[id(kept)] = (kept, self.of(kept) | served)
 
     def covers(self, full: ir.Function, small: ir.Function) -> bool:
         """Every call of ``small`` passes what some call of ``full`` passes (all known)."""
@@ -272,7 +279,7 @@ def _merge_shared_inputs(model: ir.Model, target: dict[int, ir.Function],
     """A call passing one tensor for two parameters (``layer(h, h)``) reads one value where
     its siblings read two, so its body was outlined with one input less and looked like a
     new prototype. Such a function is merged into the function of its class that, with two
-    of its activations taken as one, is the same; its calls pass the tensor twice. Only
+    of its inputs taken as one, is the same; its calls pass the tensor twice. Only
     where the fuller function serves those input shapes (bodies are specialized to them).
     One merge per round."""
     for functions in _by_class(model):
@@ -286,7 +293,7 @@ def _merge_shared_inputs(model: ir.Model, target: dict[int, ir.Function],
                 if pair is None:
                     continue
                 target[id(small)] = full
-                signatures.merge(small, full)
+                signatures.merge(small, full, functools.partial(_repeated, pair=pair))
                 _drop_value_types(full)
                 del model.functions[small.identifier()]
                 _share_calls(model, small, full, pair)
@@ -302,8 +309,7 @@ def _inputs_sharing(full: ir.Function, small: ir.Function, key: str,
     if None in served or None in theirs:
         return None
     for i, j in itertools.combinations(range(len(full.inputs)), 2):
-        if any((*sig[:j], sig[i], *sig[j:]) not in theirs  # type: ignore[index]
-               for sig in served):
+        if any(_repeated(sig, (i, j)) not in theirs for sig in served):
             continue
         joined = ir.serde.deserialize_function(ir.serde.serialize_function(full))
         dropped = joined.inputs[j]
@@ -312,6 +318,13 @@ def _inputs_sharing(full: ir.Function, small: ir.Function, key: str,
         if graph_key(joined.graph, signature=False) == key:
             return i, j
     return None
+
+
+def _repeated(signature: Signature, pair: tuple[int, int]) -> Signature:
+    """``signature`` with entry ``i`` repeated at ``j``: a call passing one tensor twice."""
+    i, j = pair
+    assert signature is not None
+    return (*signature[:j], signature[i], *signature[j:])
 
 
 def _share_calls(model: ir.Model, small: ir.Function, full: ir.Function,
