@@ -222,6 +222,33 @@ def test_a_dynamic_flat_file_outlines_to_self_contained_layers(tmp_path: Path) -
                                    atol=1e-6, rtol=0)
 
 
+@pytest.mark.slow
+def test_sizes_computed_for_a_later_call_leave_no_dead_nodes(tmp_path: Path) -> None:
+    """torch.onnx's dynamic RoBERTa shares one shape across layers: a size the caller
+    computed for a later layer, which then computed it in its own body, stayed in the
+    encoder's body as nodes nobody read."""
+    model, args = models.ARCHITECTURES["roberta"](layers=2)
+    dims = tuple({0: torch.export.Dim("batch", max=32), 1: torch.export.Dim("seq", max=32)}
+                 for _ in args)
+    path = tmp_path / "flat.onnx"
+    with quiet_torch_onnx(), torch.no_grad():
+        torch.onnx.export(model, args, dynamic_shapes=dims, dynamo=True).save(str(path))
+    proto = om.outline(path).model_proto
+
+    def dead(graph: onnx.GraphProto | onnx.FunctionProto) -> list[str]:
+        read = {name for node in graph.node for name in node.input}
+        read |= {o.name if isinstance(o, onnx.ValueInfoProto) else o for o in graph.output}
+        return [n.op_type for n in graph.node if not read.intersection(n.output)]
+
+    assert dead(proto.graph) == dead(onnx.load(str(path)).graph)  # the file's own, kept
+    assert not {f.name: dead(f) for f in proto.functions if dead(f)}
+    for ids in (args[0], torch.randint(0, 99, (3, 5))):
+        feeds = {i.name: (ids if n == 0 else torch.ones_like(ids)).numpy()
+                 for n, i in enumerate(proto.graph.input)}
+        np.testing.assert_allclose(run(proto, feeds)[0], run(path, feeds)[0],
+                                   atol=1e-6, rtol=0)
+
+
 def test_dangling_calls_are_refused_naming_the_call(tmp_path: Path) -> None:
     """onnx.version_converter drops every function and leaves the calls: check_model
     passes, ORT refuses. outline, inspect, validate and compare say so in one line."""
