@@ -84,21 +84,23 @@ def check_tolerances(rtol: Any, atol: Any) -> None:
 #: Float types a model may compute in below its outputs' precision (a float32 mean of fp16
 #: activations): such an output is judged with their tolerances. Float8 is left out: its
 #: tolerances would hide real errors of a float32 output.
-_LOW_PRECISION = ("bfloat16", "float16")
+LOW_PRECISION = ("bfloat16", "float16")
 
 
-def least_precise_float(protos: Iterable[onnx.ModelProto]) -> str | None:
-    """``float16`` or ``bfloat16`` where the models hold such values (inputs, weights,
-    recorded intermediate types, function bodies'), the less precise first; else None."""
-    seen: set[int] = set()
-    for proto in protos:
-        graph = proto.graph
-        seen.update(t.data_type for t in graph.initializer)
-        for info in (*graph.input, *graph.output, *graph.value_info,
-                     *(v for f in proto.functions for v in f.value_info)):
-            seen.add(info.type.tensor_type.elem_type)
-    names = {onnx_elem_name(t) for t in seen if t}
-    return next((name for name in _LOW_PRECISION if name in names), None)
+def computes_in(weights: Iterable[Any]) -> str | None:
+    """``float16`` or ``bfloat16`` where most of a torch model's floating parameters (by
+    elements) are of that type: a half-precision model, whose float32 outputs are only as
+    exact as its activations. Decided from torch, never from the file: a file that rounds
+    through fp16 by mistake must not loosen its own check."""
+    counts: dict[str, int] = {}
+    for tensor in weights:
+        name = dtype_name(tensor)
+        if is_float(name):
+            counts[name] = counts.get(name, 0) + int(tensor.numel())
+    low = {name: counts.get(name, 0) for name in LOW_PRECISION}
+    if 2 * sum(low.values()) <= sum(counts.values()):
+        return None
+    return max(low, key=lambda name: low[name])
 
 
 def tolerances_for(dtype_name: str, rtol: float | None, atol: float | None) -> tuple[float, float]:
@@ -330,8 +332,8 @@ def check_value(actual: Any, expected: Any, rtol: float | None, atol: float | No
     naming both (``reference`` labels the expected side, e.g. "torch "): an output that
     changed dtype is a wrong export even when its numbers agree. Localization compares
     intermediate values, where only the numbers count, without it. ``computed_in``: a
-    less precise float type the model computes in (:func:`least_precise_float`); a float
-    output is judged at least at its tolerances.
+    less precise float type the model computes in (:func:`computes_in`); a float output is
+    judged at least at its tolerances.
     """
     dtype = dtype_name(expected)
     r, a = tolerances_for(dtype, rtol, atol)

@@ -20,6 +20,7 @@ from typing import Any, Protocol, TypeAlias, TypeVar
 import numpy as np
 import torch
 
+from onnx_modular.check.numerics import computes_in
 from onnx_modular.check.options import Tolerances
 from onnx_modular.check.recorder import TorchCall, record_calls
 from onnx_modular.diagnostics import OnnxModularError
@@ -124,6 +125,21 @@ class TorchRunner:
                    if isinstance(t, (torch.Tensor, bool, int, float))]
         return Outputs(values, time.perf_counter() - start,
                        numbers if len(numbers) > len(values) else None), calls
+
+    def computes_in(self) -> str | None:
+        """``float16``/``bfloat16`` where the model's parameters are mostly of that type
+        (:func:`~onnx_modular.check.numerics.computes_in`); None for a plain callable.
+        Parameters only: a buffer (a table gathered, a cache) kept in half precision by a
+        float32 model makes it compute nothing in half precision."""
+        model = self.model
+        if isinstance(model, torch.export.ExportedProgram):
+            names = model.graph_signature.parameters
+            weights = [model.state_dict[name] for name in names if name in model.state_dict]
+        elif isinstance(model, torch.nn.Module):
+            weights = list(model.parameters())
+        else:
+            return None
+        return computes_in(t for t in weights if isinstance(t, torch.Tensor))
 
     def _target(self, record: bool) -> tuple[Any, bool, bool]:
         """(what to call, whether it is modularized, whether to record)."""

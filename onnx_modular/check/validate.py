@@ -24,20 +24,19 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import numpy as np
-import onnx
 import torch
 
 from onnx_modular.check.extract import Extraction, extract
 from onnx_modular.check.inputs import as_args, bind_inputs, leaves
 from onnx_modular.check.judge import Localization
 from onnx_modular.check.localize import ProbeInAdvance, ValidationRun, localize
-from onnx_modular.check.numerics import check_value, least_precise_float
+from onnx_modular.check.numerics import check_value
 from onnx_modular.check.options import CheckOptions, ProviderPlan, Tolerances
 from onnx_modular.check.outcome import OutputCheck, ProviderResult
 from onnx_modular.check.overlay import node_data
@@ -58,7 +57,7 @@ from onnx_modular.leaves._log import timed
 from onnx_modular.leaves._util import gc_paused
 from onnx_modular.leaves.arguments import ExampleArgs, ExampleKwargs
 from onnx_modular.leaves.errors import fail, rules
-from onnx_modular.parts.manifest import MANIFEST, inside_directory, load_manifest
+from onnx_modular.parts.manifest import MANIFEST, load_manifest
 
 __all__ = ["CheckOptions", "Validation", "ValidationReport", "parts_directory", "validate"]
 
@@ -204,7 +203,7 @@ class Validation:
         paired = check_pairing(expected, len(names), str(directory))
         results, skipped = check_providers(
             lambda provider: PartsRunner.open(directory, provider), names, self._inputs,
-            paired, self.options, least_precise_float(_part_protos(directory)))
+            paired, self.options, reference.computes_in())
         return ValidationReport(str(directory), results, expected.seconds, skipped=skipped)
 
     def _run_model(self, reference: TorchRunner) -> ValidationReport:
@@ -225,7 +224,7 @@ class Validation:
             results, skipped = check_providers(
                 lambda provider: SessionRunner.open(loaded, provider, source),
                 [o.name for o in loaded.proto.graph.output], self._inputs, paired, options,
-                least_precise_float([loaded.proto]))
+                reference.computes_in())
             report = ValidationReport(loaded.label, results, expected.seconds, skipped=skipped)
             failing = [r.provider for r in results if not r.ok]
             provider = failing[0] if failing else results[-1].provider if results else None
@@ -392,9 +391,3 @@ def _check(name: str, actual: np.ndarray, expected: torch.Tensor,
                     computed_in=computed_in)
     return OutputCheck.of(name, list(expected.shape), c)
 
-
-def _part_protos(directory: Path) -> Iterator[onnx.ModelProto]:
-    """Each part's model of a parts directory, its weights left on disk."""
-    for part in load_manifest(directory)["regions"]:
-        file = inside_directory(directory, part["file"], f"part '{part['name']}'")
-        yield onnx.load(str(file), load_external_data=False)

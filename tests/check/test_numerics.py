@@ -17,12 +17,12 @@ from onnx_modular.check.numerics import (
     abs_errors,
     check_tolerances,
     check_value,
+    computes_in,
     diff,
     dtype_name,
     integer_errors,
     is_float,
     json_float,
-    least_precise_float,
     onnx_elem_name,
     to_numpy,
     tolerances_for,
@@ -115,22 +115,14 @@ def test_tolerances_by_dtype() -> None:
     assert is_float("complex64") and is_float("bfloat16") and not is_float("int8")
 
 
-def _model_of(*elem_types: int) -> onnx.ModelProto:
-    h = onnx.helper
-    inputs = [h.make_tensor_value_info(f"x{i}", t, [2]) for i, t in enumerate(elem_types)]
-    node = h.make_node("Identity", ["x0"], ["y"])
-    graph = h.make_graph([node], "g", inputs, [h.make_tensor_value_info("y", elem_types[0],
-                                                                        [2])])
-    return h.make_model(graph)
-
-
-def test_the_least_precise_float_a_model_computes_in() -> None:
-    f16, bf16, f32, i64 = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
-                           onnx.TensorProto.FLOAT, onnx.TensorProto.INT64)
-    assert least_precise_float([_model_of(f32, i64)]) is None
-    assert least_precise_float([_model_of(f32, f16)]) == "float16"
-    assert least_precise_float([_model_of(f32), _model_of(f16, bf16)]) == "bfloat16"
-    assert least_precise_float([_model_of(f32, onnx.TensorProto.FLOAT8E4M3FN)]) is None
+def test_a_model_computes_in_half_precision_where_most_of_its_weights_are() -> None:
+    half, table = torch.zeros(64, 64, dtype=torch.float16), torch.zeros(8, dtype=torch.float16)
+    norm, big = torch.zeros(64), torch.zeros(64, 64)
+    assert computes_in([half, norm]) == "float16"  # a .half() model keeping fp32 norms
+    assert computes_in([big, table]) is None  # one fp16 table in a float32 model
+    assert computes_in([half.bfloat16(), norm]) == "bfloat16"
+    assert computes_in([torch.zeros(3, dtype=torch.int64)]) is None
+    assert computes_in([]) is None
 
 
 def test_a_float32_output_of_a_float16_model_is_judged_at_float16_tolerances() -> None:

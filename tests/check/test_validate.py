@@ -605,3 +605,32 @@ def test_a_float32_output_of_float16_activations_is_judged_as_float16(tmp_path):
     assert om.validate(model, (x,), tmp_path / "stages", providers=["cpu"]).ok
     other = _HalfNet().half().eval()
     assert not om.validate(model, (x,), om.export(other, (x,)), providers=["cpu"]).ok
+
+
+class _Rounding(nn.Module):
+    """A float32 model with an fp16 table; ``round_trip``: a wrong translation that rounds
+    an intermediate through float16."""
+
+    def __init__(self, round_trip: bool) -> None:
+        super().__init__()
+        self.fc, self.round_trip = nn.Linear(16, 16), round_trip
+        self.register_buffer("table", torch.linspace(0, 1, 4096).half())  # most elements
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.fc(x)) * 30
+        if self.round_trip:
+            h = h.half().float()
+        return h + self.table[pos].float().unsqueeze(-1)
+
+
+@pytest.mark.slow
+def test_a_file_rounding_through_float16_is_no_excuse_in_a_float32_model():
+    """The file's fp16 types (or one fp16 table) loosened every float32 output to fp16's
+    tolerances: a file off by ~5e-3 relative passed (found by a tester)."""
+    torch.manual_seed(0)
+    model = _Rounding(False).eval()
+    wrong = _Rounding(True).eval()
+    wrong.load_state_dict(model.state_dict())
+    args = (torch.randn(4, 16), torch.tensor([1, 3, 5, 7]))
+    assert om.validate(model, args, om.export(model, args), providers=["cpu"]).ok
+    assert not om.validate(model, args, om.export(wrong, args), providers=["cpu"]).ok
