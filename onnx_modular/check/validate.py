@@ -350,8 +350,10 @@ def check_pairing(outputs_of_torch: Outputs, outputs: int, label: str) -> list[t
                    "there is nothing to compare; validate with inputs of non-zero size",
                    rules.VALIDATION)
     if len(expected) != outputs:
-        raise fail(f"torch returns {len(expected)} tensor(s) but {label} "
-                   f"has {outputs} output(s); they cannot be paired",
+        numbered = "" if numbers is None else \
+            f" and {len(numbers) - len(outputs_of_torch.values)} number(s)"
+        raise fail(f"torch returns {len(outputs_of_torch.values)} tensor(s){numbered} but "
+                   f"{label} has {outputs} output(s); they cannot be paired",
                    rules.VALIDATION)
     return expected
 

@@ -199,9 +199,13 @@ def names_of_axes(inputs: Sequence[Any], dynamic_shapes: Any) -> dict[str, str]:
     never says two sizes are one. Empty where the inputs and the shapes do not pair up."""
     from torch.onnx._internal.exporter import _dynamic_shapes
 
-    strings = {leaf for leaf in _pytree.tree_leaves(dynamic_shapes) if isinstance(leaf, str)}
+    leaves = _pytree.tree_leaves(dynamic_shapes)
+    strings = {leaf for leaf in leaves if isinstance(leaf, str)}
     if not strings:
         return {}
+    # a renamed axis never takes a name the user gave, as a string or a Dim
+    taken = strings | {name for leaf in leaves
+                       if isinstance(name := getattr(leaf, "__name__", None), str)}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.onnx warns where the counts differ
         try:
@@ -213,7 +217,7 @@ def names_of_axes(inputs: Sequence[Any], dynamic_shapes: Any) -> dict[str, str]:
         if name not in strings:
             continue
         unique, k = name, 1
-        while unique in named.values() or (k > 1 and unique in strings):
+        while unique in named.values() or (k > 1 and unique in taken):
             k += 1
             unique = f"{name}_{k}"
         named[symbol] = unique

@@ -577,6 +577,14 @@ def test_a_size_the_model_returns_is_paired_with_its_output_and_checked(tmp_path
     other.load_state_dict(model.state_dict())
     wrong = om.export(other, (x,), dynamic_shapes=shapes)
     assert not om.validate(model, (x,), wrong, providers=["cpu"]).ok
+    with pytest.raises(om.OnnxModularError, match=r"torch returns 1 tensor\(s\) and 1 "
+                       r"number\(s\) but .* has 3 output\(s\)"):
+        om.validate(model, (x,), om.export(_TwoOut(), (x,)), providers=["cpu"])
+
+
+class _TwoOut(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return x + 1, x * 2, x - 1
 
 
 class _HalfNet(nn.Module):

@@ -152,6 +152,24 @@ def test_axes_of_one_name_torch_keeps_apart_get_names_of_their_own() -> None:
     assert dims == [["batch", "seq"], ["batch", "seq_2"]]
 
 
+class _ThreeMasks(nn.Module):
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, z: torch.Tensor
+                ) -> tuple[torch.Tensor, ...]:
+        return x * 2, mask * 2, z * 2
+
+
+def test_a_renamed_axis_never_takes_a_name_the_user_gave_a_dim() -> None:
+    """``seq`` on two axes torch keeps apart and ``Dim("seq_2")`` on a third: the second
+    ``seq`` was named ``seq_2`` too, so two axes of other sizes shared a name."""
+    import onnx_modular as om
+
+    args = (torch.randn(2, 5), torch.randn(2, 7), torch.randn(2, 9))
+    shapes = {"x": {1: "seq"}, "mask": {1: "seq"}, "z": {1: torch.export.Dim("seq_2")}}
+    proto = om.export(_ThreeMasks(), args, dynamic_shapes=shapes).model_proto
+    names = [i.type.tensor_type.shape.dim[1].dim_param for i in proto.graph.input]
+    assert names[0] == "seq" and names[2] == "seq_2" and names[1] not in ("seq", "seq_2")
+
+
 @pytest.mark.slow
 def test_guards_torch_cannot_prove_become_assumptions_the_warning_lists() -> None:
     """LongT5's local attention pads the sequence to blocks of 5: torch.export fails (first
