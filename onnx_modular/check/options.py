@@ -20,10 +20,13 @@ __all__ = ["CheckOptions", "ProviderPlan", "Tolerances"]
 
 @dataclasses.dataclass(frozen=True)
 class Tolerances:
-    """User tolerances for floating values (None: the per-dtype defaults)."""
+    """User tolerances for floating values (None: the per-dtype defaults); ``computed_in``:
+    float16/bfloat16 where the torch model computes in it (its float outputs are judged at
+    least at that type's defaults: :func:`~onnx_modular.check.numerics.computes_in`)."""
 
     rtol: float | None = None
     atol: float | None = None
+    computed_in: str | None = None
 
     @classmethod
     def checked(cls, rtol: float | None, atol: float | None) -> Tolerances:
@@ -76,3 +79,8 @@ class CheckOptions:
     @property
     def always_localize(self) -> bool:
         return self.localize is True
+
+    def computing_in(self, dtype: str | None) -> CheckOptions:
+        """These options for a torch model computing in ``dtype`` (float16/bfloat16)."""
+        return dataclasses.replace(
+            self, tolerances=dataclasses.replace(self.tolerances, computed_in=dtype))

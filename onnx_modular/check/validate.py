@@ -203,12 +203,13 @@ class Validation:
         paired = check_pairing(expected, len(names), str(directory))
         results, skipped = check_providers(
             lambda provider: PartsRunner.open(directory, provider), names, self._inputs,
-            paired, self.options, reference.computes_in())
+            paired, self.options.computing_in(reference.computes_in()))
         return ValidationReport(str(directory), results, expected.seconds, skipped=skipped)
 
     def _run_model(self, reference: TorchRunner) -> ValidationReport:
         """One ORT session per provider; localized on a mismatch (or always, if asked)."""
-        loaded, options = self._loaded, self.options
+        loaded = self._loaded
+        options = self.options.computing_in(reference.computes_in())
         assert loaded is not None
         expected, calls = reference.run_recording(self._inputs,
                                                   record=options.always_localize)
@@ -223,8 +224,7 @@ class Validation:
         try:
             results, skipped = check_providers(
                 lambda provider: SessionRunner.open(loaded, provider, source),
-                [o.name for o in loaded.proto.graph.output], self._inputs, paired, options,
-                reference.computes_in())
+                [o.name for o in loaded.proto.graph.output], self._inputs, paired, options)
             report = ValidationReport(loaded.label, results, expected.seconds, skipped=skipped)
             failing = [r.provider for r in results if not r.ok]
             provider = failing[0] if failing else results[-1].provider if results else None
@@ -360,12 +360,10 @@ def check_pairing(outputs_of_torch: Outputs, outputs: int, label: str) -> list[t
 
 def check_providers(open_runner: Callable[[str], SessionRunner | PartsRunner],
                     output_names: list[str], inputs: Inputs, expected: list[torch.Tensor],
-                    options: CheckOptions, computed_in: str | None = None
-                    ) -> tuple[list[ProviderResult], dict[str, str]]:
+                    options: CheckOptions) -> tuple[list[ProviderResult], dict[str, str]]:
     """Every output on each provider of ``options.plan``, one runner (its sessions made by
     ``open_runner``) at a time; and the providers skipped, each with why (a default one
-    this onnxruntime lacks, or one that cannot start). ``computed_in``: a float16/bfloat16
-    the model computes in; float outputs are judged at least at its tolerances."""
+    this onnxruntime lacks, or one that cannot start)."""
     plan: ProviderPlan = options.plan
     results: list[ProviderResult] = []
     skipped = dict(plan.unavailable)
@@ -381,15 +379,15 @@ def check_providers(open_runner: Callable[[str], SessionRunner | PartsRunner],
             continue
         with session:  # its copy of the weights goes before the next session's comes
             actual = session.run(inputs)
-        checks = [_check(name, a, e, options.tolerances, computed_in)
+        checks = [_check(name, a, e, options.tolerances)
                   for name, a, e in zip(output_names, actual.values, expected, strict=True)]
         results.append(ProviderResult(provider, checks, session.session_s, actual.seconds))
     return results, skipped
 
 
 def _check(name: str, actual: np.ndarray, expected: torch.Tensor,
-           tolerances: Tolerances, computed_in: str | None) -> OutputCheck:
+           tolerances: Tolerances) -> OutputCheck:
     c = check_value(actual, expected, tolerances.rtol, tolerances.atol, reference="torch ",
-                    computed_in=computed_in)
+                    computed_in=tolerances.computed_in)
     return OutputCheck.of(name, list(expected.shape), c)
 
