@@ -88,8 +88,8 @@ class ExportResult:
 
 
 def _module_kinds(model: Model) -> tuple[tuple[str, str], ...]:
-    """(path, qualified type) of each submodule: explains a ``functions=`` name that
-    matched no recorded call (:class:`~onnx_modular.emit.pipeline.EmitOptions`)."""
+    """(path, qualified type) of each submodule: explains a ``functions=`` selection's name
+    that matched no recorded call (:class:`~onnx_modular.emit.pipeline.EmitOptions`)."""
     if not isinstance(model, torch.nn.Module):
         return ()
     return tuple((path, f"{type(module).__module__}.{type(module).__qualname__}")
@@ -120,7 +120,8 @@ def export(model: Model, args: ExampleArgs = (), kwargs: ExampleKwargs | None = 
     assert ctx is not None  # made by @records_failures when the caller gives none
     if not isinstance(args, tuple):
         args = (args,)
-    options = EmitOptions(functions, dedupe, optimize_model, modules=_module_kinds(model))
+    options = EmitOptions(functions, dedupe, optimize_model,
+                          modules=() if isinstance(functions, str) else _module_kinds(model))
     # Export builds millions of small objects and keeps them to the end: full cyclic
     # collections meanwhile rescan the model again and again (10-20% of the export time).
     with gc_paused():

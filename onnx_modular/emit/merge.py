@@ -25,7 +25,7 @@ from onnx_modular.emit.functions import (
 )
 from onnx_modular.emit.infra import EmitPass
 from onnx_modular.emit.parametrize import merge_scalar_variants
-from onnx_modular.emit.walk import all_nodes, graphs
+from onnx_modular.emit.walk import all_nodes, graphs, remove_unread
 from onnx_modular.leaves.metadata import META_FX_OUTPUTS
 
 
@@ -351,19 +351,10 @@ def _outputs_matching(full: ir.Function, small: ir.Function,
         outputs = [pruned.outputs[i] for i in kept]
         pruned.outputs.clear()
         pruned.outputs.extend(outputs)
-        _remove_dead_nodes(pruned.graph)
+        remove_unread(pruned.graph)
         if graph_key(pruned.graph, signature=False) == key:
             return kept
     return None
-
-
-def _remove_dead_nodes(graph: ir.Graph) -> None:
-    live = set(graph.outputs)
-    for node in reversed(list(graph)):
-        if any(v in live for v in node.outputs):
-            live.update(v for v in node.inputs if v is not None)
-        else:
-            graph.remove(node, safe=False)
 
 
 def _widen_calls(model: ir.Model, small: ir.Function, full: ir.Function,

@@ -33,6 +33,7 @@ from onnx_modular.emit.sizes import (
     remove_dead_size_nodes,
     retarget_shape,
 )
+from onnx_modular.emit.walk import graphs, is_read, remove_unread
 from onnx_modular.leaves._util import common_prefix
 from onnx_modular.leaves.arguments import FunctionSelection
 from onnx_modular.leaves.metadata import (
@@ -220,20 +221,14 @@ class _Outliner:
         self.derived = 0  # sizes computed in a caller instead (:meth:`_sizes_to_caller`)
 
     def run(self, root: _Scope) -> None:
-        unread = {node for node in self.graph if not _read(node)}  # the model's own
+        unread = {node for node in self.graph if not is_read(node)}  # the model's own
         for scope in root.children:
             self._visit(scope, (), root)
-        self._drop_unread(unread)
+        # a size a caller computed for a later call that then computed it in its own body
+        # (:meth:`_sizes_to_caller`, own sizes) is read by nobody: no dead code is left
+        for graph in graphs(self.model):
+            remove_unread(graph, keep=unread)
         self.graph.sort()
-
-    def _drop_unread(self, kept: set[ir.Node]) -> None:
-        """A size a caller computed for a later call that then computes it in its own body
-        (:meth:`_sizes_to_caller`, own sizes) is read by nobody: left, it would be dead code
-        in the caller's body. Nodes the model held unread already (``kept``) stay."""
-        for graph in (self.graph, *(f.graph for f in self.model.functions.values())):
-            for node in reversed(list(graph)):
-                if node not in kept and not _read(node):
-                    graph.remove(node, safe=True)
 
     def _visit(self, scope: _Scope, enclosing: tuple[CallInfo, ...], parent: _Scope) -> None:
         assert scope.call is not None
@@ -412,10 +407,6 @@ class _Outliner:
             if node.domain not in opsets:
                 opsets[node.domain] = self.model.opset_imports.get(node.domain, 1)
         return opsets
-
-
-def _read(node: ir.Node) -> bool:
-    return any(out.uses() or out.is_graph_output() for out in node.outputs)
 
 
 def _nested(nodes: list[ir.Node]) -> tuple[set[ir.Graph], dict[ir.Node, list[ir.Node]]]:

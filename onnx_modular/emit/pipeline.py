@@ -125,7 +125,9 @@ def emit_model(model: ir.Model, chains: Chains, weights: frozenset[str] | set[st
                                              fx_node=repair.fx_node), reason=(
             f"node '{repair.fx_node}' in module '{repair.module_path or '<root>'}': "
             f"{repair.what}"))
-    recorded = {call.module_path for chain in chains.values() for call in chain}
+    unmatched = isinstance(select, Selection) and select.unmatched()
+    recorded = {call.module_path for chain in chains.values() for call in chain} \
+        if unmatched and options.modules else set()
     report_outline(ctx, select, report.outline, options.modules, recorded)
     return report
 

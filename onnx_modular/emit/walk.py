@@ -26,3 +26,17 @@ def all_nodes(model: ir.Model, *, subgraphs: bool = True) -> Iterator[ir.Node]:
     holds them. Lazy: a caller that adds or removes nodes takes a ``list`` first."""
     for graph in graphs(model):
         yield from (graph.all_nodes() if subgraphs else graph)
+
+
+def is_read(node: ir.Node) -> bool:
+    """Some output of ``node`` is used (by a node, a subgraph, or as a graph output)."""
+    return any(out.uses() or out.is_graph_output() for out in node.outputs)
+
+
+def remove_unread(graph: ir.Graph | ir.Function, keep: set[ir.Node] | frozenset[ir.Node]
+                  = frozenset()) -> None:
+    """Remove the nodes of ``graph`` nothing reads, last first (a chain goes at once);
+    ``keep`` stays whatever reads it."""
+    for node in reversed(list(graph)):
+        if node not in keep and not is_read(node):
+            graph.remove(node, safe=True)

@@ -22,6 +22,7 @@ import onnx_ir as ir
 import torch
 import torch.fx
 import torch.utils._pytree as _pytree
+from onnx_ir.passes.common import CommonSubexpressionEliminationPass
 from onnx_ir.passes.common.inliner import InlinePass
 
 # ---- torch.fx / torch.export -----------------------------------------------------------------
@@ -618,32 +619,28 @@ class _AvoidingRule:
         return f"Avoiding({self._rule!r}, {sorted(self._avoid)})"
 
 
-def _keeping_calls_apart(cse: Any) -> Any:
-    """onnx_ir's common-subexpression pass, made to leave local-function calls alone: two
-    module calls on one input (``a(x)``, ``b(x)`` of one weightless class) are two calls, as
-    the model made them, not one call read twice. Each call carries a distinct temporary
+class _KeepingCallsApart(CommonSubexpressionEliminationPass):
+    """onnx_ir's common-subexpression pass, leaving local-function calls alone: two module
+    calls on one input (``a(x)``, ``b(x)`` of one weightless class) are two calls, as the
+    model made them, not one call read twice. Each call carries a distinct temporary
     attribute while the pass runs, so no two compare equal."""
 
-    class KeepingCallsApart(cse):  # type: ignore[misc, valid-type]
-        def call(self, model: ir.Model) -> Any:
-            calls = [node for node in model.graph if node.op_identifier() in model.functions]
-            for k, node in enumerate(calls):
-                node.attributes[_CALL_TAG] = ir.AttrInt64(_CALL_TAG, k)
-            try:
-                return super().call(model)
-            finally:
-                for node in calls:
-                    node.attributes.pop(_CALL_TAG, None)
+    _TAG = "_onnx_modular_call"
 
-    return KeepingCallsApart()
-
-
-_CALL_TAG = "_onnx_modular_call"
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        calls = [node for node in model.graph if node.op_identifier() in model.functions]
+        for k, node in enumerate(calls):
+            node.attributes[self._TAG] = ir.AttrInt64(self._TAG, k)
+        try:
+            return super().call(model)
+        finally:
+            for node in calls:
+                node.attributes.pop(self._TAG, None)
 
 
 def optimize_ir_keeping_calls(model: ir.Model, avoid: frozenset[str] = frozenset()) -> None:
     """``onnxscript.optimizer.optimize_ir(model, inline=False)``, whose common-subexpression
-    step keeps every module call (:func:`_keeping_calls_apart`) and whose rewrite rules
+    step keeps every module call (:class:`_KeepingCallsApart`) and whose rewrite rules
     never make a node of an op type in ``avoid`` (a rule that would is skipped at that match).
 
     The pass list mirrors onnxscript's ``optimize_ir`` (0.6.2 to 0.7); only those differ.
@@ -672,7 +669,7 @@ def optimize_ir_keeping_calls(model: ir.Model, avoid: frozenset[str] = frozenset
         common_passes.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0),
         common_passes.LiftSubgraphInitializersToMainGraphPass(),
         common_passes.DeduplicateInitializersPass(),
-        _keeping_calls_apart(common_passes.CommonSubexpressionEliminationPass),
+        _KeepingCallsApart(),
         common_passes.OutputFixPass(),
         common_passes.NameFixPass(),
     ]
