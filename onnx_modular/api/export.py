@@ -29,7 +29,7 @@ from onnx_modular.emit.io_names import check_io_names, name_inputs_and_outputs
 from onnx_modular.emit.outline import OutlineReport
 from onnx_modular.emit.pipeline import EmitOptions
 from onnx_modular.leaves._checkpoint import Checkpoint
-from onnx_modular.leaves._compat import declared_nonzero, dim_names, names_of_axes
+from onnx_modular.leaves._compat import declared_nonzero, dim_names, generate_code, names_of_axes
 from onnx_modular.leaves._io import TWO_GB, save_model
 from onnx_modular.leaves._util import gc_paused
 from onnx_modular.leaves.metadata import DIFFERS_FROM
@@ -55,8 +55,19 @@ class ExportResult:
     model: ir.Model
     diagnostics: list[Diagnostic]
     exported_program: torch.export.ExportedProgram | None  # decomposed (None: om.outline)
-    graph_module: torch.fx.GraphModule | None  # the modularized program (None when flat)
+    # the modularized program, its Python code not generated yet (export reads its graphs)
+    _graph_module: torch.fx.GraphModule | None = dataclasses.field(repr=False)
     report: OutlineReport | None
+    _code_generated: bool = dataclasses.field(default=False, repr=False, compare=False)
+
+    @property
+    def graph_module(self) -> torch.fx.GraphModule | None:
+        """The modularized program (None when flat), its code generated on first read: a
+        result is compiled (``torch.compile``) as it comes."""
+        if self._graph_module is not None and not self._code_generated:
+            generate_code(self._graph_module)
+            self._code_generated = True
+        return self._graph_module
 
     @property
     def model_proto(self) -> onnx.ModelProto:

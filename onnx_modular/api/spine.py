@@ -102,7 +102,7 @@ def lower_onnx_program(onnx_program: torch.onnx.ONNXProgram, ctx: DiagnosticCont
 
 
 def _with_calls(translation: Translation, ctx: DiagnosticContext) -> Lowered:
-    graph_module = modularize(translation.program, ctx)
+    graph_module = modularize(translation.program, ctx, eager_code=False)
     return Lowered(translation, graph_module, module_call_chains(graph_module),
                    program_weights(translation.program))
 

@@ -407,9 +407,11 @@ def _program_state(ep: torch.export.ExportedProgram) -> list[tuple[str, Any, str
 
 
 class _Modularizer:
-    def __init__(self, source: _Source, ctx: DiagnosticContext) -> None:
+    def __init__(self, source: _Source, ctx: DiagnosticContext, eager_code: bool = True
+                 ) -> None:
         self.source = source
         self.ctx = ctx
+        self.eager_code = eager_code
         self.chains: dict[torch.fx.Node, tuple[_Frame, ...]] = {}
         self.located: set[str] = set()  # module paths whose place a call's module took
 
@@ -589,7 +591,8 @@ class _Modularizer:
             _add_guards(gm, self.source.program)
         # Code generated now, not on first call: torch.compile cannot trace a lazy module's
         # first call (it generates its code then), and a result is compiled as it comes.
-        generate_code(gm)
+        if self.eager_code:
+            generate_code(gm)
         return gm
 
 
@@ -674,17 +677,19 @@ class Modularize(PassBase):
     lifted weights and calling convention) and the module to call it on.
     """
 
-    def __init__(self, source: _Source | None = None) -> None:
+    def __init__(self, source: _Source | None = None, *, eager_code: bool = True) -> None:
         self.source = source
+        self.eager_code = eager_code
 
     @classmethod
-    def for_program(cls, program: torch.export.ExportedProgram
+    def for_program(cls, program: torch.export.ExportedProgram, *, eager_code: bool = True
                     ) -> tuple[Modularize, torch.fx.GraphModule]:
         from torch.export.graph_signature import InputKind
 
         if any(spec.kind == InputKind.TOKEN for spec in program.graph_signature.input_specs):
-            return cls(), program.module()  # effect tokens: let torch unlift
-        return cls(_Source.of_program(program)), program.graph_module
+            # effect tokens: let torch unlift
+            return cls(eager_code=eager_code), program.module()
+        return cls(_Source.of_program(program), eager_code=eager_code), program.graph_module
 
     def requires(self, graph_module: torch.fx.GraphModule) -> None:
         if not isinstance(graph_module, torch.fx.GraphModule):
@@ -700,10 +705,11 @@ class Modularize(PassBase):
 
     def call(self, graph_module: torch.fx.GraphModule, ctx: DiagnosticContext) -> PassResult:
         source = self.source or _Source.of_graph_module(graph_module)
-        return PassResult(_Modularizer(source, ctx).run(), modified=True)
+        return PassResult(_Modularizer(source, ctx, self.eager_code).run(), modified=True)
 
 
-def modularize(program: Any, ctx: DiagnosticContext | None = None) -> torch.fx.GraphModule:
+def modularize(program: Any, ctx: DiagnosticContext | None = None, *,
+               eager_code: bool = True) -> torch.fx.GraphModule:
     """Rebuild the module hierarchy of ``program`` as nested ``GraphModule``\\ s.
 
     ``program`` is an ``ExportedProgram`` (before or after ``run_decompositions``) or a
@@ -717,12 +723,17 @@ def modularize(program: Any, ctx: DiagnosticContext | None = None) -> torch.fx.G
     program nor another result made from it; parameters and constants are shared, not
     copied (``load_state_dict`` on the result writes into the program's parameters). A
     GraphModule's tensors are all shared with it.
+
+    ``eager_code=False``: each GraphModule generates its Python code on its first call, not
+    now (``om.export`` reads only the graphs: 2% of its time on small models, and its
+    result generates the code when ``graph_module`` is first read); torch.compile cannot
+    trace a lazy module's first call.
     """
     ctx = ctx if ctx is not None else DiagnosticContext()
     if isinstance(program, torch.export.ExportedProgram):
-        modularize_pass, graph_module = Modularize.for_program(program)
+        modularize_pass, graph_module = Modularize.for_program(program, eager_code=eager_code)
     elif isinstance(program, torch.fx.GraphModule):
-        modularize_pass, graph_module = Modularize(), program
+        modularize_pass, graph_module = Modularize(eager_code=eager_code), program
     else:
         raise fail(rule=rules.UNSUPPORTED_INPUT, reason=(
             "modularize() takes a torch.export.ExportedProgram or a torch.fx.GraphModule "
