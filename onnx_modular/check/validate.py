@@ -200,11 +200,12 @@ class Validation:
                        rules.VALIDATION)
         names = [o["name"] for o in load_manifest(directory)["outputs"]]
         expected = reference.run(self._inputs)
-        paired = check_pairing(expected, len(names), str(directory))
+        paired, unchecked = check_pairing(expected, len(names), str(directory))
         results, skipped = check_providers(
             lambda provider: PartsRunner.open(directory, provider), names, self._inputs,
             paired, self.options.computing_in(reference.computes_in()))
-        return ValidationReport(str(directory), results, expected.seconds, skipped=skipped)
+        return ValidationReport(str(directory), results, expected.seconds, skipped=skipped,
+                                unchecked=unchecked)
 
     def _run_model(self, reference: TorchRunner) -> ValidationReport:
         """One ORT session per provider; localized on a mismatch (or always, if asked)."""
@@ -213,7 +214,7 @@ class Validation:
         assert loaded is not None
         expected, calls = reference.run_recording(self._inputs,
                                                   record=options.always_localize)
-        paired = check_pairing(expected, len(loaded.proto.graph.output),
+        paired, unchecked = check_pairing(expected, len(loaded.proto.graph.output),
                                f"ONNX model {loaded.label}")
         source = loaded.session_source()  # serialized once, before the probe's thread reads it
         # Asked for up front, the probe is built while the plain session is; not for a large
@@ -225,7 +226,8 @@ class Validation:
             results, skipped = check_providers(
                 lambda provider: SessionRunner.open(loaded, provider, source),
                 [o.name for o in loaded.proto.graph.output], self._inputs, paired, options)
-            report = ValidationReport(loaded.label, results, expected.seconds, skipped=skipped)
+            report = ValidationReport(loaded.label, results, expected.seconds, skipped=skipped,
+                                      unchecked=unchecked)
             failing = [r.provider for r in results if not r.ok]
             provider = failing[0] if failing else results[-1].provider if results else None
             if provider is None:
@@ -336,14 +338,22 @@ def parts_directory(onnx_model: object) -> Path | None:
         return None
 
 
-def check_pairing(outputs_of_torch: Outputs, outputs: int, label: str) -> list[torch.Tensor]:
+def check_pairing(outputs_of_torch: Outputs, outputs: int, label: str
+                  ) -> tuple[list[torch.Tensor], str]:
     """Torch's outputs must be something to compare, one per ONNX output: its tensors, or,
     where the file has more outputs, its tensors and the numbers it returns (a size
-    ``x.shape[1]`` is an output of a dynamic export). Returns those paired."""
+    ``x.shape[1]`` is an output of a dynamic export). Returns those paired, and what torch
+    returns that is not compared (the numbers, where the file outputs its tensors only:
+    said in the report, never passed over in silence)."""
     expected = outputs_of_torch.values
     numbers = outputs_of_torch.with_numbers
+    unchecked = ""
     if len(expected) != outputs and numbers is not None and len(numbers) == outputs:
         expected = numbers
+    elif numbers is not None and len(expected) == outputs:
+        count = len(numbers) - len(expected)
+        unchecked = (f"torch also returns {count} number(s) the file has no output for "
+                     "(a size or flag of the model's outputs): not compared")
     if expected and all(t.numel() == 0 for t in expected):
         raise fail(f"every output of the torch model is empty (shapes "
                    f"{', '.join(str(list(t.shape)) for t in expected)}) on these inputs: "
@@ -355,7 +365,7 @@ def check_pairing(outputs_of_torch: Outputs, outputs: int, label: str) -> list[t
         raise fail(f"torch returns {len(outputs_of_torch.values)} tensor(s){numbered} but "
                    f"{label} has {outputs} output(s); they cannot be paired",
                    rules.VALIDATION)
-    return expected
+    return expected, unchecked
 
 
 def check_providers(open_runner: Callable[[str], SessionRunner | PartsRunner],

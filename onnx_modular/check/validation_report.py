@@ -122,6 +122,8 @@ class ValidationReport(Report):
     localization_provider: str | None = None
     #: default providers that were not checked, with the reason (e.g. no CUDA here)
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: what torch returns that no output of the file stands for, in words ("" when none)
+    unchecked: str = ""
     #: how to open a new session on the same model and inputs, by weak references only
     reopen: Reopen | None = dataclasses.field(default=None, repr=False, compare=False)
 
@@ -176,6 +178,7 @@ class ValidationReport(Report):
             "torch_s": self.torch_s,
             "providers": {r.provider: r.to_dict() for r in self.results},
             "skipped": dict(self.skipped),
+            "unchecked": self.unchecked,
             "localization": None if self.localization is None else {
                 "provider": self.localization_provider, **self.localization.to_dict()},
         }
@@ -267,7 +270,8 @@ class ValidationReport(Report):
 
     def summary(self) -> str:
         if self.ok:
-            return f"OK: {self.model} matches torch on {', '.join(self.providers)}"
+            caveat = f" ({self.unchecked})" if self.unchecked else ""
+            return f"OK: {self.model} matches torch on {', '.join(self.providers)}{caveat}"
         failed = [r.provider for r in self.results if not r.ok]
         where = f"; first diverging module: {self._first_described()}" \
             if self.first_mismatch else ""
@@ -375,6 +379,8 @@ class ValidationReport(Report):
         lines += [*md_table(OUTPUT_HEAD, self._rows()), "", f"Timings: {self._timings()}"]
         if self.skipped:
             lines += ["", f"Not checked: {self._skipped_line()}"]
+        if self.unchecked:
+            lines += ["", f"Not compared: {self.unchecked}"]
         if self.localization is not None:
             lines += ["", f"## Diverging module calls ({self.localization_provider})", ""]
             if self.localization.divergences:

@@ -572,7 +572,15 @@ def test_a_size_the_model_returns_is_paired_with_its_output_and_checked(tmp_path
     shapes = ({0: torch.export.Dim("batch", max=64), 1: torch.export.Dim("seq", max=64)},)
     right = om.export(model, (x,), dynamic_shapes=shapes)
     assert len(right.model_proto.graph.output) == 2
-    assert om.validate(model, (x,), right, providers=["cpu"]).ok
+    report = om.validate(model, (x,), right, providers=["cpu"])
+    assert report.ok and not report.unchecked
+    # a file without the size output is checked on its tensor and says what it left out
+    tensor_only = right.model_proto
+    tensor_only.graph.output.pop()
+    report = om.validate(model, (x,), tensor_only, providers=["cpu"])
+    assert report.ok and "1 number(s) the file has no output for" in report.unchecked
+    assert "not compared" in report.summary() and "Not compared" in report.to_markdown()
+    assert report.to_dict()["unchecked"] == report.unchecked
     other = _WithSize(0).eval()  # the batch size (2) where torch returns the sequence's (5)
     other.load_state_dict(model.state_dict())
     wrong = om.export(other, (x,), dynamic_shapes=shapes)

@@ -186,7 +186,7 @@ def test_the_report_fields_are_plain_data() -> None:
     report = om.validate(model, args, models.hierarchical(model, weight_scale={1: 1.5}),
                          providers="cpu", localize=True)
     assert set(_fields(report)) == {"model", "results", "torch_s", "localization",
-                                    "localization_provider", "skipped", "reopen"}
+                                    "localization_provider", "skipped", "unchecked", "reopen"}
     with pytest.raises(dataclasses.FrozenInstanceError):
         report.model = "x"  # type: ignore[misc]
 
