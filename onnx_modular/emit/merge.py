@@ -274,69 +274,80 @@ def _by_class(model: ir.Model) -> list[list[ir.Function]]:
     return list(by_class.values())
 
 
+#: At most this many parameters of one call may share a tensor with another (``layer(h, h,
+#: h)``: 2); the search for which ones grows with the power of it.
+MOST_SHARED = 3
+
+
 def _merge_shared_inputs(model: ir.Model, target: dict[int, ir.Function],
                          signatures: Signatures) -> dict[ir.OperatorIdentifier, ir.Function]:
-    """A call passing one tensor for two parameters (``layer(h, h)``) reads one value where
-    its siblings read two, so its body was outlined with one input less and looked like a
-    new prototype. Such a function is merged into the function of its class that, with two
-    of its inputs taken as one, is the same; its calls pass the tensor twice. Only
-    where the fuller function serves those input shapes (bodies are specialized to them).
-    One merge per round."""
+    """A call passing one tensor for several parameters (``layer(h, h)``, ``attn(x, x, x)``)
+    reads one value where its siblings read two or three, so its body was outlined with
+    inputs fewer and looked like a new prototype. Such a function is merged into the
+    function of its class that, with some of its inputs taken as others, is the same; its
+    calls pass the tensor again at those places. Only where the fuller function serves
+    those input shapes (bodies are specialized to them). One merge per round."""
     for functions in _by_class(model):
         for small in functions:
             key = graph_key(small.graph, signature=False)
             for full in functions:
-                if full is small or len(full.inputs) != len(small.inputs) + 1 \
+                extra = len(full.inputs) - len(small.inputs)
+                if full is small or not 0 < extra <= MOST_SHARED \
                         or len(full.outputs) != len(small.outputs):
                     continue
-                pair = _inputs_sharing(full, small, key, signatures)
-                if pair is None:
+                source = _inputs_sharing(full, small, key, signatures)
+                if source is None:
                     continue
                 target[id(small)] = full
-                signatures.merge(small, full, functools.partial(_repeated, pair=pair))
+                signatures.merge(small, full, functools.partial(_spread, source=source))
                 _drop_value_types(full)
                 del model.functions[small.identifier()]
-                _share_calls(model, small, full, pair)
+                _share_calls(model, small, full, source)
                 return {small.identifier(): full}
     return {}
 
 
 def _inputs_sharing(full: ir.Function, small: ir.Function, key: str,
-                    signatures: Signatures) -> tuple[int, int] | None:
-    """``(i, j)``: ``full`` with input ``j`` read as input ``i`` is ``small``'s body, and
-    every input signature ``small`` serves, ``i``'s entry repeated at ``j``, is ``full``'s."""
+                    signatures: Signatures) -> tuple[int, ...] | None:
+    """``source``: which of ``small``'s inputs each input of ``full`` reads, such that
+    ``full`` with its surplus inputs read as the ones they repeat is ``small``'s body, and
+    every input signature ``small`` serves, spread so, is one ``full`` serves."""
     served, theirs = signatures.of(small), signatures.of(full)
     if None in served or None in theirs:
         return None
-    for i, j in itertools.combinations(range(len(full.inputs)), 2):
-        if any(_repeated(sig, (i, j)) not in theirs for sig in served):
-            continue
-        joined = ir.serde.deserialize_function(ir.serde.serialize_function(full))
-        dropped = joined.inputs[j]
-        dropped.replace_all_uses_with(joined.inputs[i])
-        joined.inputs.pop(j)
-        if graph_key(joined.graph, signature=False) == key:
-            return i, j
+    count = len(full.inputs)
+    for dropped in itertools.combinations(range(count), count - len(small.inputs)):
+        kept = [k for k in range(count) if k not in dropped]
+        position = {k: n for n, k in enumerate(kept)}
+        for repeats in itertools.product(kept, repeat=len(dropped)):
+            read = dict(zip(dropped, repeats, strict=True))
+            source = tuple(position[read.get(k, k)] for k in range(count))
+            if any(_spread(sig, source) not in theirs for sig in served):
+                continue
+            joined = ir.serde.deserialize_function(ir.serde.serialize_function(full))
+            for k in sorted(dropped, reverse=True):
+                joined.inputs[k].replace_all_uses_with(joined.inputs[read[k]])
+            for k in sorted(dropped, reverse=True):
+                joined.inputs.pop(k)
+            if graph_key(joined.graph, signature=False) == key:
+                return source
     return None
 
 
-def _repeated(signature: Signature, pair: tuple[int, int]) -> Signature:
-    """``signature`` with entry ``i`` repeated at ``j``: a call passing one tensor twice."""
-    i, j = pair
+def _spread(signature: Signature, source: tuple[int, ...]) -> Signature:
+    """``signature`` of a call of the smaller function as the fuller one takes it: entry
+    ``source[k]`` at each ``k`` (a tensor passed again where the call shares it)."""
     assert signature is not None
-    return (*signature[:j], signature[i], *signature[j:])
+    return tuple(signature[i] for i in source)
 
 
 def _share_calls(model: ir.Model, small: ir.Function, full: ir.Function,
-                 pair: tuple[int, int]) -> None:
-    """Every call of ``small`` becomes a call of ``full`` passing its input ``i`` at ``j``
-    too."""
-    i, j = pair
+                 source: tuple[int, ...]) -> None:
+    """Every call of ``small`` becomes a call of ``full``, input ``k`` its ``source[k]``."""
     for node in all_nodes(model):
         if node.op_identifier() != small.identifier():
             continue
-        inputs = list(node.inputs)
-        inputs.insert(j, inputs[i])
+        inputs = [node.inputs[i] for i in source]
         node.resize_inputs(len(inputs))
         for k, value in enumerate(inputs):
             node.replace_input_with(k, value)

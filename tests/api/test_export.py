@@ -489,6 +489,40 @@ def test_a_layer_given_one_tensor_for_two_parameters_calls_the_layer_function() 
     assert om.validate(model, args, result, providers=["cpu"]).ok
 
 
+class _Mixing(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v = (torch.nn.Linear(8, 8) for _ in range(3))
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return self.q(q) * torch.sigmoid(self.k(k)) + torch.tanh(self.v(v))
+
+
+class _MixingStack(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList([_Mixing() for _ in range(4)])
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        h = self.layers[0](x, y, z)
+        h = self.layers[1](h, h, h)  # one tensor for all three parameters
+        h = self.layers[2](h, y, y)
+        return self.layers[3](x, h, x)
+
+
+@pytest.mark.slow
+def test_a_layer_given_one_tensor_for_three_parameters_calls_the_layer_function() -> None:
+    model, args = _MixingStack().eval(), tuple(torch.randn(2, 8) for _ in range(3))
+    result = om.export(model, args, functions=["_Mixing"])
+    (mixing,) = result.functions
+    assert mixing.calls == tuple(f"layers.{i}" for i in range(4))
+    first, second, third, _ = [n for n in result.model_proto.graph.node
+                               if n.op_type == "_Mixing"]
+    assert collections.Counter(second.input)[first.output[0]] == 3
+    assert collections.Counter(third.input)["y"] == 2
+    assert om.validate(model, args, result, providers=["cpu"]).ok
+
+
 @pytest.mark.slow
 def test_dynamic_shapes_torch_guards_against_are_captured_as_torch_onnx_captures() -> None:
     """MobileBERT under a dynamic sequence: torch.export's guard ``seq - 1 != 1`` failed

@@ -194,3 +194,48 @@ def test_a_body_that_is_not_the_fuller_one_with_two_inputs_shared_stays_apart() 
                    _gated("Block_1", shared=True, second_op="Tanh"))
     assert merge_equal_functions(m) == 0
     assert len(m.functions) == 2
+
+
+def _attention_like(name: str, inputs: int) -> ir.Function:
+    """``q * Sigmoid(k) + Tanh(v)`` of class pkg.Attn, its three operands read from
+    ``inputs`` distinct inputs (1: a call ``attn(x, x, x)``; 2: ``attn(x, y, y)``)."""
+    q = value("q")
+    k = q if inputs == 1 else value("k")
+    v = k if inputs < 3 else value("v")
+    gate, squash = ir.node("Sigmoid", [k]), ir.node("Tanh", [v])
+    mul = ir.node("Mul", [q, gate.outputs[0]])
+    add = ir.node("Add", [mul.outputs[0], squash.outputs[0]])
+    graph = ir.Graph(list(dict.fromkeys([q, k, v])), add.outputs,
+                     nodes=[gate, squash, mul, add], opset_imports={"": 18}, name=name)
+    f = ir.Function("pkg", name, graph=graph, attributes=[])
+    f.doc_string = "pkg.Attn"
+    return f
+
+
+@pytest.mark.parametrize("inputs", [1, 2])
+def test_a_call_passing_one_tensor_three_times_shares_its_class_function(inputs: int) -> None:
+    """``attn(h, h, h)`` read one value where its siblings read three (found by a tester:
+    the merge took one shared input only)."""
+    x, y, z = (np.random.default_rng(i).standard_normal((2, 4)).astype(np.float32)
+               for i in (1, 2, 3))
+    full, small = _attention_like("Attn", 3), _attention_like("Attn_1", inputs)
+    a, b, c = value("x"), value("y"), value("z")
+    first = ir.node("Attn", [a, b, c], domain="pkg", name="call_0")
+    h = first.outputs[0]
+    second = ir.node("Attn_1", [h] if inputs == 1 else [h, a], domain="pkg", name="call_1")
+    out = second.outputs[0]
+    out.name, out.type, out.shape = "out", ir.TensorType(ir.DataType.FLOAT), ir.Shape((2, 4))
+    m = model([a, b, c], [out], [first, second], functions=[full, small],
+              opsets={"": 18, "pkg": 1})
+    assert merge_equal_functions(m) == 1
+    assert [f.name for f in m.functions.values()] == ["Attn"]
+    call = list(m.graph)[1]
+    assert call.op_type == "Attn" and len(call.inputs) == 3
+
+    def attn(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+        return q / (1 + np.exp(-k)) + np.tanh(v)
+
+    first_out = attn(x, y, z)
+    expected = attn(first_out, first_out, first_out) if inputs == 1 \
+        else attn(first_out, x, x)
+    np.testing.assert_allclose(run(m, x=x, y=y, z=z)[0], expected, rtol=1e-6)
