@@ -72,8 +72,8 @@ def test_the_results_graph_module_compiles_as_it_comes(tiny, assert_close) -> No
     torch.compile traces its first call."""
     from torch.fx._lazy_graph_module import _LazyGraphModule
 
-    model, args = tiny_gpt(), tiny_gpt_inputs()
-    graph_module = om.export(model, args).graph_module
+    model, args, result = tiny
+    graph_module = result.graph_module
     assert graph_module is not None
     assert not [m for m in graph_module.modules()
                 if isinstance(m, _LazyGraphModule) and m._needs_recompile()]
@@ -82,6 +82,7 @@ def test_the_results_graph_module_compiles_as_it_comes(tiny, assert_close) -> No
     assert_close(compiled(*args), model(*args), 1e-6)
 
 
+@pytest.mark.slow
 def test_equal_bodies_of_other_shapes_share_one_function(tiny) -> None:
     """qkv (32->96), proj (32->32), fc (32->128) and out (128->32) are one MatMul+Add once
     optimized: one Linear function for all 16 calls; the bias-free head stays apart."""
