@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import itertools
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import onnx_ir as ir
 
@@ -307,31 +307,72 @@ def _merge_shared_inputs(model: ir.Model, target: dict[int, ir.Function],
     return {}
 
 
+#: How many ways of reading a fuller function's inputs as a smaller one's are tried against
+#: its body, per pair of functions (each try copies the body).
+MOST_TRIES = 16
+
+
 def _inputs_sharing(full: ir.Function, small: ir.Function, key: str,
                     signatures: Signatures) -> tuple[int, ...] | None:
     """``source``: which of ``small``'s inputs each input of ``full`` reads, such that
     ``full`` with its surplus inputs read as the ones they repeat is ``small``'s body, and
-    every input signature ``small`` serves, spread so, is one ``full`` serves."""
+    every input signature ``small`` serves, spread so, is one ``full`` serves. Candidates
+    come from the signatures (``small``'s inputs in order among ``full``'s, each surplus
+    input like the one it repeats), so a layer of many weights is no search."""
     served, theirs = signatures.of(small), signatures.of(full)
     if None in served or None in theirs:
         return None
-    count = len(full.inputs)
-    for dropped in itertools.combinations(range(count), count - len(small.inputs)):
-        kept = [k for k in range(count) if k not in dropped]
-        position = {k: n for n, k in enumerate(kept)}
-        for repeats in itertools.product(kept, repeat=len(dropped)):
-            read = dict(zip(dropped, repeats, strict=True))
-            source = tuple(position[read.get(k, k)] for k in range(count))
-            if any(_spread(sig, source) not in theirs for sig in served):
-                continue
-            joined = ir.serde.deserialize_function(ir.serde.serialize_function(full))
-            for k in sorted(dropped, reverse=True):
-                joined.inputs[k].replace_all_uses_with(joined.inputs[read[k]])
-            for k in sorted(dropped, reverse=True):
-                joined.inputs.pop(k)
-            if graph_key(joined.graph, signature=False) == key:
-                return source
+    mine = next(iter(served))
+    candidates = (source for theirs_one in theirs for source in _spreads(mine, theirs_one))
+    tries = 0
+    for source in itertools.islice(candidates, MOST_CANDIDATES):
+        if any(_spread(sig, source) not in theirs for sig in served):
+            continue
+        tries += 1
+        if tries > MOST_TRIES:
+            return None
+        if _reads_as(full, source) == key:
+            return source
     return None
+
+
+#: How many candidate readings the signatures may offer per pair of functions (layers of
+#: many weights of one shape offer many) before the pair is given up.
+MOST_CANDIDATES = 4096
+
+
+def _spreads(small: Signature, full: Signature) -> Iterator[tuple[int, ...]]:
+    """Each ``source`` with ``full[k] == small[source[k]]`` for every ``k``, in which
+    ``small``'s inputs come in their order and a surplus input repeats one placed before it
+    (the call passes a tensor again: its first place is the one the smaller body reads)."""
+    assert small is not None and full is not None
+
+    def place(k: int, placed: int, source: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
+        if k == len(full):
+            if placed == len(small):
+                yield source
+            return
+        if placed < len(small) and full[k] == small[placed]:
+            yield from place(k + 1, placed + 1, (*source, placed))
+        if len(full) - k > len(small) - placed:  # a surplus place is left
+            for own in range(placed):
+                if small[own] == full[k]:
+                    yield from place(k + 1, placed, (*source, own))
+
+    return place(0, 0, ())
+
+
+def _reads_as(full: ir.Function, source: tuple[int, ...]) -> str:
+    """The key of ``full``'s body with input ``k`` read as the first input of its source."""
+    joined = ir.serde.deserialize_function(ir.serde.serialize_function(full))
+    first = {}
+    for k, own in enumerate(source):
+        first.setdefault(own, k)
+    for k in reversed(range(len(source))):
+        if first[source[k]] != k:
+            joined.inputs[k].replace_all_uses_with(joined.inputs[first[source[k]]])
+            joined.inputs.pop(k)
+    return graph_key(joined.graph, signature=False)
 
 
 def _spread(signature: Signature, source: tuple[int, ...]) -> Signature:

@@ -239,3 +239,32 @@ def test_a_call_passing_one_tensor_three_times_shares_its_class_function(inputs:
     expected = attn(first_out, first_out, first_out) if inputs == 1 \
         else attn(first_out, x, x)
     np.testing.assert_allclose(run(m, x=x, y=y, z=z)[0], expected, rtol=1e-6)
+
+
+def _summing(name: str, inputs: int, last: str) -> ir.Function:
+    """``last(x0 + x1 + ... )`` of class pkg.Sum over ``inputs`` inputs of one shape."""
+    xs = [value(f"x{i}") for i in range(inputs)]
+    nodes, total = [], xs[0]
+    for x in xs[1:]:
+        nodes.append(ir.node("Add", [total, x]))
+        total = nodes[-1].outputs[0]
+    nodes.append(ir.node(last, [total]))
+    graph = ir.Graph(xs, nodes[-1].outputs, nodes=nodes, opset_imports={"": 18}, name=name)
+    f = ir.Function("pkg", name, graph=graph, attributes=[])
+    f.doc_string = "pkg.Sum"
+    return f
+
+
+def test_many_inputs_of_one_shape_are_no_search() -> None:
+    """Which of 40 inputs of one shape a 37-input body could share is a choice among
+    millions: the candidates the signatures offer are tried a bounded number of times
+    (a full search hung an export of GPT-J for minutes)."""
+    full, small = _summing("Sum", 40, "Relu"), _summing("Sum_1", 37, "Sigmoid")
+    xs = [value(f"in{i}") for i in range(40)]
+    first = ir.node("Sum", xs, domain="pkg", name="call_0")
+    second = ir.node("Sum_1", [first.outputs[0], *xs[1:37]], domain="pkg", name="call_1")
+    out = second.outputs[0]
+    out.name, out.type, out.shape = "out", ir.TensorType(ir.DataType.FLOAT), ir.Shape((2, 4))
+    m = model(xs, [out], [first, second], functions=[full, small], opsets={"": 18, "pkg": 1})
+    assert merge_equal_functions(m) == 0
+    assert len(m.functions) == 2
