@@ -215,7 +215,7 @@ class Validation:
         expected, calls = reference.run_recording(self._inputs,
                                                   record=options.always_localize)
         paired, unchecked = check_pairing(expected, len(loaded.proto.graph.output),
-                               f"ONNX model {loaded.label}")
+                                          f"ONNX model {loaded.label}")
         source = loaded.session_source()  # serialized once, before the probe's thread reads it
         # Asked for up front, the probe is built while the plain session is; not for a large
         # model (memory over speed: its sessions come one at a time, weights mapped)
@@ -353,7 +353,7 @@ def check_pairing(outputs_of_torch: Outputs, outputs: int, label: str
     elif numbers is not None and len(expected) == outputs:
         count = len(numbers) - len(expected)
         unchecked = (f"torch also returns {count} number(s) the file has no output for "
-                     "(a size or flag of the model's outputs): not compared")
+                     "(sizes or flags the model returns beside its tensors): not compared")
     if expected and all(t.numel() == 0 for t in expected):
         raise fail(f"every output of the torch model is empty (shapes "
                    f"{', '.join(str(list(t.shape)) for t in expected)}) on these inputs: "

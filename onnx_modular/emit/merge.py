@@ -274,8 +274,8 @@ def _by_class(model: ir.Model) -> list[list[ir.Function]]:
     return list(by_class.values())
 
 
-#: At most this many parameters of one call may share a tensor with another (``layer(h, h,
-#: h)``: 2); the search for which ones grows with the power of it.
+#: At most this many parameters of one call may repeat a tensor another one takes
+#: (``layer(h, h, h)``: 2).
 MOST_SHARED = 3
 
 
@@ -310,6 +310,9 @@ def _merge_shared_inputs(model: ir.Model, target: dict[int, ir.Function],
 #: How many ways of reading a fuller function's inputs as a smaller one's are tried against
 #: its body, per pair of functions (each try copies the body).
 MOST_TRIES = 16
+#: How many candidate readings the signatures may offer per pair of functions (layers of
+#: many weights of one shape offer many) before the pair is given up.
+MOST_CANDIDATES = 4096
 
 
 def _inputs_sharing(full: ir.Function, small: ir.Function, key: str,
@@ -336,11 +339,6 @@ def _inputs_sharing(full: ir.Function, small: ir.Function, key: str,
     return None
 
 
-#: How many candidate readings the signatures may offer per pair of functions (layers of
-#: many weights of one shape offer many) before the pair is given up.
-MOST_CANDIDATES = 4096
-
-
 def _spreads(small: Signature, full: Signature) -> Iterator[tuple[int, ...]]:
     """Each ``source`` with ``full[k] == small[source[k]]`` for every ``k``, in which
     ``small``'s inputs come in their order and a surplus input repeats one placed before it
@@ -363,9 +361,10 @@ def _spreads(small: Signature, full: Signature) -> Iterator[tuple[int, ...]]:
 
 
 def _reads_as(full: ir.Function, source: tuple[int, ...]) -> str:
-    """The key of ``full``'s body with input ``k`` read as the first input of its source."""
+    """The key of ``full``'s body with each surplus input read as the first input that
+    takes the same tensor (``source``: the smaller function's input each one takes)."""
     joined = ir.serde.deserialize_function(ir.serde.serialize_function(full))
-    first = {}
+    first: dict[int, int] = {}
     for k, own in enumerate(source):
         first.setdefault(own, k)
     for k in reversed(range(len(source))):
