@@ -158,7 +158,8 @@ def _outline_once(model: ir.Model, loaded: LoadedModel, select: Select | None, d
         per_node = [tuple(c for c in chain if c.call_id not in flat
                           and (select is None or select(c))) for chain in per_node]
     try:
-        report = outline_nodes(model, nodes, per_node, dedupe=dedupe, own_sizes=True)
+        report = outline_nodes(model, nodes, per_node, dedupe=dedupe, own_sizes=True,
+                               shared_to_caller=True)
     except ValueError as e:  # a placement the graph cannot take (a cycle): a defect of ours
         raise fail(f"cannot outline '{loaded.label}': {first_line(e)} (an onnx_modular "
                    "defect: please report it)", rules.TRANSLATION) from e

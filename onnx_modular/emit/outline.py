@@ -208,8 +208,10 @@ _CALLER_SUFFIX = re.compile(r"(_caller\d+)+$")
 
 
 class _Outliner:
-    def __init__(self, model: ir.Model, dedupe: bool, own_sizes: bool = False) -> None:
+    def __init__(self, model: ir.Model, dedupe: bool, own_sizes: bool = False,
+                 shared_to_caller: bool = False) -> None:
         self.model = model
+        self.shared_to_caller = shared_to_caller  # (:meth:`_shared_to_caller`)
         self.graph = model.graph
         self.dedupe = dedupe
         self.own_sizes = own_sizes  # sizes a body reads recomputed in it (emit/sizes.py)
@@ -237,6 +239,8 @@ class _Outliner:
         members = [m if isinstance(m, ir.Node) else self.call_nodes.get(id(m))
                    for m in scope.members]
         members = [m for m in members if m is not None]
+        if members and self.shared_to_caller:
+            members = self._shared_to_caller(members, parent)
         if members and self.own_sizes:
             self._shapes_to_caller(members, parent)
             members = self._sizes_to_caller(members, parent)
@@ -244,6 +248,33 @@ class _Outliner:
             call = self._outline(scope.call, members, enclosing)
             if call is not None:
                 self.call_nodes[id(scope)] = call
+
+    def _shared_to_caller(self, members: list[ir.Node], parent: _Scope) -> list[ir.Node]:
+        """What a call's nodes compute from what its caller holds alone, read both in the
+        call and after it, was shared by the file's optimizer: torch.onnx's CSE keeps one
+        ``Unsqueeze(cos)`` of Qwen2's rotary embedding, in layer 0's attention, which
+        every later layer reads from there. It is the caller's: it leaves the call, which
+        then reads it as the others do, instead of returning it (a file of another
+        exporter's; ``om.outline``)."""
+        _, nested = _nested(members)
+        inside = {n for node in members for n in (node, *nested.get(node, ()))}
+        outer_only: list[ir.Node] = []
+        for node in members:  # in graph order: a node's producers come first
+            if node.outputs and all(
+                    v is None or v.producer() not in inside or v.producer() in outer_only
+                    for v in node.inputs) and not any(
+                    isinstance(a.value, ir.Graph) for a in node.attributes.values()):
+                outer_only.append(node)
+        shared: set[ir.Node] = set()
+        for node in reversed(outer_only):
+            uses = [u.node for v in node.outputs for u in v.uses()]
+            if any(u in shared for u in uses) or (
+                    any(u not in inside for u in uses) and any(u in inside for u in uses)):
+                shared.add(node)
+        if not shared:
+            return members
+        parent.members.extend(node for node in members if node in shared)
+        return [node for node in members if node not in shared]
 
     def _shapes_to_caller(self, members: list[ir.Node], parent: _Scope) -> None:
         """A caller's ``Shape`` of a tensor the call computes and returns for nothing else
@@ -463,13 +494,16 @@ def outline(model: ir.Model, chains: Mapping[str, tuple[CallInfo, ...]], *,
 
 
 def outline_nodes(model: ir.Model, nodes: list[ir.Node], per_node: list[tuple[CallInfo, ...]],
-                  *, dedupe: bool = True, own_sizes: bool = False) -> OutlineReport:
+                  *, dedupe: bool = True, own_sizes: bool = False,
+                  shared_to_caller: bool = False) -> OutlineReport:
     """Outline ``model`` in place, given each main-graph node's calls (``nodes`` in graph
-    order, ``per_node`` already narrowed to the calls that become functions)."""
+    order, ``per_node`` already narrowed to the calls that become functions).
+    ``shared_to_caller``: what another exporter's optimizer shared between calls goes to
+    their caller (:meth:`_Outliner._shared_to_caller`)."""
     nodes, per_node = list(nodes), list(per_node)
     _localize_constants(model.graph, nodes, per_node)
     root = _build_scopes(nodes, per_node)
-    outliner = _Outliner(model, dedupe, own_sizes)
+    outliner = _Outliner(model, dedupe, own_sizes, shared_to_caller)
     outliner.run(root)
     return outliner.report
 

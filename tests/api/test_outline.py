@@ -223,6 +223,33 @@ def test_a_dynamic_flat_file_outlines_to_self_contained_layers(tmp_path: Path) -
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("name", ["qwen2", "roberta"])
+def test_what_torch_onnx_shares_between_layers_leaves_the_first_one(name: str,
+                                                                   tmp_path: Path) -> None:
+    """torch.onnx's CSE keeps one copy of what every layer computes from its caller's
+    values (Qwen2's ``Unsqueeze`` of the rotary cos and sin) in layer 0, which returned it
+    to the later layers: the first layer was a function of its own (Qwen2, RoBERTa,
+    NeoX, Phi3 under dynamic shapes). It is the caller's now: one layer function."""
+    arch = models.ARCHITECTURES[name]
+    model, args = arch(layers=3)
+    dims = ({0: torch.export.Dim("batch", min=1, max=32),
+             1: torch.export.Dim("seq", min=2, max=32)}, *(None for _ in args[1:]))
+    path = tmp_path / "flat.onnx"
+    with quiet_torch_onnx(), torch.no_grad():
+        torch.onnx.export(model, args, dynamic_shapes=dims, dynamo=True).save(str(path))
+    result = om.outline(path)
+    layers = [f for f in result.functions if f.module_type.endswith(arch.layer)]
+    assert [len(f.calls) for f in layers] == [3]
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    for batch, seq in ((2, 8), (3, 5)):
+        feeds = {names[0]: torch.randint(0, 99, (batch, seq)).numpy()}
+        feeds.update({n: t.numpy() for n, t in zip(names[1:], args[1:])})
+        np.testing.assert_allclose(run(result.model_proto, feeds)[0],
+                                   session.run(None, feeds)[0], atol=1e-6, rtol=0)
+
+
+@pytest.mark.slow
 def test_sizes_computed_for_a_later_call_leave_no_dead_nodes(tmp_path: Path) -> None:
     """torch.onnx's dynamic RoBERTa shares one shape across layers: a size the caller
     computed for a later layer, which then computed it in its own body, stayed in the
