@@ -25,7 +25,7 @@ from onnx_modular.diagnostics import DiagnosticContext, OnnxModularError, record
 from onnx_modular.emit.explain import annotate_differences
 from onnx_modular.emit.infra import calls_of_missing_functions, listed
 from onnx_modular.emit.merge import ParametrizeBeforeOptimizing
-from onnx_modular.emit.outline import OutlineReport, Select, outline_nodes
+from onnx_modular.emit.outline import OutlineReport, OutlineRules, Select, outline_nodes
 from onnx_modular.emit.pipeline import EmitOptions, EmitReport, report_outline
 from onnx_modular.emit.scopes import (
     ScopeReport,
@@ -158,8 +158,8 @@ def _outline_once(model: ir.Model, loaded: LoadedModel, select: Select | None, d
         per_node = [tuple(c for c in chain if c.call_id not in flat
                           and (select is None or select(c))) for chain in per_node]
     try:
-        report = outline_nodes(model, nodes, per_node, dedupe=dedupe, own_sizes=True,
-                               shared_to_caller=True)
+        report = outline_nodes(model, nodes, per_node, OutlineRules(
+            dedupe=dedupe, own_sizes=True, shared_to_caller=True))
     except ValueError as e:  # a placement the graph cannot take (a cycle): a defect of ours
         raise fail(f"cannot outline '{loaded.label}': {first_line(e)} (an onnx_modular "
                    "defect: please report it)", rules.TRANSLATION) from e

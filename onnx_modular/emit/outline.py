@@ -207,14 +207,25 @@ def _build_scopes(nodes: list[ir.Node], per_node: list[tuple[CallInfo, ...]]) ->
 _CALLER_SUFFIX = re.compile(r"(_caller\d+)+$")
 
 
+@dataclasses.dataclass(frozen=True)
+class OutlineRules:
+    """How module calls become functions. ``dedupe``: equal bodies share one function;
+    ``own_sizes``: each body computes the sizes it reads from its own activations
+    (emit/sizes.py); ``shared_to_caller``: what another exporter's optimizer shared
+    between calls goes to their caller (:meth:`_Outliner._shared_to_caller`)."""
+
+    dedupe: bool = True
+    own_sizes: bool = False
+    shared_to_caller: bool = False
+
+
 class _Outliner:
-    def __init__(self, model: ir.Model, dedupe: bool, own_sizes: bool = False,
-                 shared_to_caller: bool = False) -> None:
+    def __init__(self, model: ir.Model, rules: OutlineRules) -> None:
         self.model = model
-        self.shared_to_caller = shared_to_caller  # (:meth:`_shared_to_caller`)
         self.graph = model.graph
-        self.dedupe = dedupe
-        self.own_sizes = own_sizes  # sizes a body reads recomputed in it (emit/sizes.py)
+        self.dedupe = rules.dedupe
+        self.own_sizes = rules.own_sizes
+        self.shared_to_caller = rules.shared_to_caller
         self.by_key: dict[str, tuple[str, str]] = {}
         self.names: dict[tuple[str, str], int] = {}
         self.report = OutlineReport()
@@ -489,21 +500,18 @@ def outline(model: ir.Model, chains: Mapping[str, tuple[CallInfo, ...]], *,
     """Outline ``model`` in place; ``select`` keeps some calls as functions (default: all);
     ``own_sizes``: each body computes the sizes it reads from its own activations."""
     nodes = list(model.graph)
-    return outline_nodes(model, nodes, chains_per_node(nodes, chains, select), dedupe=dedupe,
-                         own_sizes=own_sizes)
+    return outline_nodes(model, nodes, chains_per_node(nodes, chains, select),
+                         OutlineRules(dedupe=dedupe, own_sizes=own_sizes))
 
 
 def outline_nodes(model: ir.Model, nodes: list[ir.Node], per_node: list[tuple[CallInfo, ...]],
-                  *, dedupe: bool = True, own_sizes: bool = False,
-                  shared_to_caller: bool = False) -> OutlineReport:
+                  rules: OutlineRules = OutlineRules()) -> OutlineReport:
     """Outline ``model`` in place, given each main-graph node's calls (``nodes`` in graph
-    order, ``per_node`` already narrowed to the calls that become functions).
-    ``shared_to_caller``: what another exporter's optimizer shared between calls goes to
-    their caller (:meth:`_Outliner._shared_to_caller`)."""
+    order, ``per_node`` already narrowed to the calls that become functions)."""
     nodes, per_node = list(nodes), list(per_node)
     _localize_constants(model.graph, nodes, per_node)
     root = _build_scopes(nodes, per_node)
-    outliner = _Outliner(model, dedupe, own_sizes, shared_to_caller)
+    outliner = _Outliner(model, rules)
     outliner.run(root)
     return outliner.report
 
